@@ -1,0 +1,116 @@
+"""A cell: one image of the matrix, with every version resolved."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from builder.compat import TorchBuild
+
+
+@dataclass(frozen=True)
+class BaseImage:
+    """A distro release the images are built on, and how to obtain it without a registry."""
+
+    name: str
+    distro: str
+    suite: str
+    glibc: str
+    python: str
+    image: str
+    mirror: str
+    bootstrap_tool: str
+    variant: str
+    components: tuple[str, ...]
+
+    @property
+    def local_tag(self) -> str:
+        """The engine tag of the bootstrapped base (no registry involved)."""
+        return f"torch-images/base:{self.name}"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One buildable image: torch build x base x flavor, plus its naming."""
+
+    name: str
+    torch: TorchBuild
+    base: BaseImage
+    flavor: str
+    python: str
+    index: str
+    cudnn: str | None  # what the image installs; may be raised above torch's pin
+    trtllm: str | None = None
+    tag: str = ""
+    aliases: tuple[str, ...] = ()
+    flagship: bool = False
+    origin: str = ""  # "axes" or "include"; where a cell came from decides if a failure is an error
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def cuda(self) -> str:
+        return self.torch.cuda
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.torch.cuda != "cpu"
+
+    @property
+    def cudnn_overridden(self) -> bool:
+        return self.cudnn is not None and self.cudnn != self.torch.cudnn
+
+    @property
+    def glibc_floor(self) -> str:
+        return self.torch.glibc_floor.get(self.python, "")
+
+    def fields(self) -> dict[str, str]:
+        """The names a tag template may use."""
+        torch_minor = ".".join(self.torch.public_version.split(".")[:2])
+        cuda_tag = f"cu{self.cuda}" if self.is_cuda else "cpu"
+        cudnn_tag = "cudnn" + ".".join((self.cudnn or "").split(".")[:2]) if self.cudnn else ""
+        return {
+            "torch": self.torch.public_version,
+            "torch_minor": torch_minor,
+            "cuda": self.cuda,
+            "cuda_tag": cuda_tag,
+            "cudnn": self.cudnn or "none",
+            "cudnn_tag": cudnn_tag or "nocudnn",
+            "accel": f"{cuda_tag}-{cudnn_tag}" if cudnn_tag else cuda_tag,
+            "python": self.python,
+            "glibc": self.base.glibc,
+            "base": self.base.name,
+            "flavor": self.flavor,
+            "trtllm": self.trtllm or "",
+        }
+
+    def spec(self) -> dict[str, Any]:
+        """The resolved facts of the cell, as written to images/<cell>/spec.json and image labels."""
+        return {
+            "cell": self.name,
+            "torch": self.torch.version,
+            "cuda": self.cuda,
+            "cudnn": self.cudnn,
+            "cudnn_pin": self.torch.cudnn,
+            "nccl": self.torch.nccl,
+            "triton": self.torch.triton,
+            "python": self.python,
+            "glibc": self.base.glibc,
+            "glibc_floor": self.glibc_floor,
+            "base": self.base.name,
+            "base_image": self.base.image,
+            "distro": f"{self.base.distro} {self.base.suite}",
+            "flavor": self.flavor,
+            "trtllm": self.trtllm,
+            "index": self.index,
+            "tag": self.tag,
+            "aliases": list(self.aliases),
+        }
+
+    def fingerprint(self) -> str:
+        """A digest of everything that decides the cell's lock; a changed cell needs a new lock."""
+        inputs = {k: v for k, v in self.spec().items() if k not in ("tag", "aliases")}
+        inputs["base"] = asdict(self.base)
+        inputs["extra"] = self.extra
+        return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]

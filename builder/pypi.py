@@ -1,0 +1,166 @@
+"""Read package indexes and wheel metadata without downloading whole wheels.
+
+The compatibility data is derived from what the wheels say about themselves: their file
+names (Python tag, manylinux floor) and their METADATA (Requires-Python, Requires-Dist).
+A torch wheel is 0.2-0.9 GB, so METADATA is read with HTTP range requests from the zip's
+central directory; local wheel directories (find-links) are read from disk.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import io
+import json
+import re
+import urllib.request
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from email.message import Message
+from pathlib import Path
+
+SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
+WHEEL_NAME = re.compile(
+    r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-(?P<build>\d[^-]*))?-(?P<python>[^-]+)-(?P<abi>[^-]+)-(?P<platform>[^-]+)\.whl$"
+)
+MANYLINUX = re.compile(r"manylinux_(\d+)_(\d+)_")
+LEGACY_MANYLINUX = {"manylinux1": "2.5", "manylinux2010": "2.12", "manylinux2014": "2.17"}
+
+
+@dataclass(frozen=True)
+class WheelFile:
+    """One wheel as an index or a find-links directory lists it."""
+
+    filename: str
+    url: str
+    sha256: str | None
+    requires_python: str | None
+
+    @property
+    def tags(self) -> dict[str, str]:
+        match = WHEEL_NAME.match(self.filename)
+        if not match:
+            raise ValueError(f"not a wheel file name: {self.filename}")
+        return match.groupdict()
+
+    @property
+    def version(self) -> str:
+        return self.tags["version"]
+
+    @property
+    def glibc_floor(self) -> str | None:
+        """The lowest glibc this wheel runs on, from its platform tag (None if not manylinux)."""
+        floors = []
+        for platform in self.tags["platform"].split("."):
+            match = MANYLINUX.match(platform + "_")
+            if match:
+                floors.append(f"{match.group(1)}.{match.group(2)}")
+            for legacy, floor in LEGACY_MANYLINUX.items():
+                if platform.startswith(legacy + "_"):
+                    floors.append(floor)
+        if not floors:
+            return None
+        return min(floors, key=lambda v: tuple(int(p) for p in v.split(".")))
+
+    def is_linux_x86_64(self) -> bool:
+        platform = self.tags["platform"]
+        return platform.endswith("x86_64") and ("linux" in platform)
+
+
+def _open(url: str, headers: dict[str, str] | None = None, timeout: float = 60) -> bytes:
+    request = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        data: bytes = response.read()
+        return data
+
+
+def index_files(project: str, index_url: str) -> list[WheelFile]:
+    """Every wheel of a project on a PEP 691 (JSON) simple index."""
+    body = _open(f"{index_url.rstrip('/')}/{project}/", {"Accept": SIMPLE_JSON})
+    listing = json.loads(body)
+    return [
+        WheelFile(
+            filename=entry["filename"],
+            url=entry["url"],
+            sha256=entry.get("hashes", {}).get("sha256"),
+            requires_python=entry.get("requires-python"),
+        )
+        for entry in listing["files"]
+        if entry["filename"].endswith(".whl") and not entry.get("yanked")
+    ]
+
+
+def find_links_files(project: str, directory: Path) -> list[WheelFile]:
+    """Every wheel of a project in a local find-links directory."""
+    prefix = project.replace("-", "_").lower() + "-"
+    return [
+        WheelFile(filename=path.name, url=path.as_uri(), sha256=None, requires_python=None)
+        for path in sorted(directory.glob("*.whl"))
+        if path.name.lower().startswith(prefix)
+    ]
+
+
+class _RangeReader(io.RawIOBase):
+    """A seekable file over HTTP range requests, enough for zipfile to read one member."""
+
+    def __init__(self, url: str, size: int) -> None:
+        self.url, self.size, self.position = url, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.size}[whence]
+        self.position = base + offset
+        return self.position
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        if self.position >= self.size or len(buffer) == 0:
+            return 0
+        end = min(self.position + len(buffer), self.size) - 1
+        chunk = _open(self.url, {"Range": f"bytes={self.position}-{end}"})
+        buffer[: len(chunk)] = chunk
+        self.position += len(chunk)
+        return len(chunk)
+
+
+def _remote_size(url: str) -> int:
+    request = urllib.request.Request(url, headers={"Range": "bytes=0-0"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        content_range = response.headers.get("Content-Range", "")
+        match = re.search(r"/(\d+)$", content_range)
+        if not match:
+            raise OSError(f"{url}: the server does not answer range requests")
+        return int(match.group(1))
+
+
+def _metadata_member(archive: zipfile.ZipFile) -> str:
+    for name in archive.namelist():
+        if name.count("/") == 1 and name.endswith(".dist-info/METADATA"):
+            return name
+    raise OSError("wheel has no .dist-info/METADATA")
+
+
+def wheel_metadata(wheel: WheelFile) -> Message:
+    """The wheel's METADATA, reading only the zip directory and that one member."""
+    if wheel.url.startswith("file://"):
+        source: io.IOBase = open(urllib.request.url2pathname(wheel.url[len("file://") :]), "rb")  # noqa: SIM115
+    else:
+        # A buffered reader turns zipfile's many small reads into a few range requests.
+        source = io.BufferedReader(_RangeReader(wheel.url, _remote_size(wheel.url)), buffer_size=1 << 20)
+    with source, zipfile.ZipFile(source) as archive:
+        text = archive.read(_metadata_member(archive)).decode()
+    return email.parser.Parser().parsestr(text)
+
+
+def requirements(metadata: Message) -> Iterator[str]:
+    """Requires-Dist entries that apply without extras."""
+    for requirement in metadata.get_all("Requires-Dist") or []:
+        if "extra ==" not in requirement:
+            yield requirement
