@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from builder import compat, matrix
+from builder import build, compat, engine, lock, matrix, render, smoke, wheelhouse
 from builder.errors import EXIT_USER_ERROR, UserError
 
 console = Console(stderr=True)
@@ -58,6 +58,98 @@ def cmd_compat_refresh(args: argparse.Namespace) -> int:
     return 0
 
 
+def _human(size: int) -> str:
+    return f"{size / 1e9:.2f} GB" if size >= 1e8 else f"{size / 1e6:.0f} MB"
+
+
+def cmd_lock(args: argparse.Namespace) -> int:
+    grid = _matrix(args)
+    cells = grid.cells if args.all or not args.cells else grid.select(args.cells)
+    if args.check:
+        problems = [p for cell in cells for p in lock.check_cell(cell, grid)]
+        for problem in problems:
+            print(problem)
+        return 1 if problems else 0
+    failures = []
+    for cell in cells:  # one cell that cannot resolve must not stop the others
+        try:
+            with console.status(f"locking {cell.name}"):
+                written = lock.lock_cell(cell, grid)
+            console.print(f"{cell.name}: {', '.join(str(p) for p in written)}")
+        except UserError as error:
+            failures.append(error.line())
+    for failure in failures:
+        console.print(f"[red]error:[/red] {failure}", highlight=False, soft_wrap=True)
+    return EXIT_USER_ERROR if failures else 0
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    grid = _matrix(args)
+    if args.check:
+        problems = render.drift(grid.cells, grid)
+        for problem in problems:
+            print(problem)
+        if problems:
+            print("images/ does not match matrix.yaml and templates/; run `python -m builder render`")
+        return 1 if problems else 0
+    written = render.render(grid.cells, grid)
+    console.print(f"rendered {len(grid.cells)} cells, {len(written)} files changed")
+    return 0
+
+
+def cmd_engine(args: argparse.Namespace) -> int:
+    console.print(engine.ensure_running(install=args.install))
+    return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    grid = _matrix(args)
+    cells = _cells(args, grid)
+    for cell in cells:  # every cell checked before the first byte reaches the engine
+        build.preflight(cell, grid)
+    client = engine.client()
+    house = wheelhouse.Wheelhouse()
+    results = []
+    for cell in cells:
+        with console.status(f"{cell.name}: starting") as status:
+            result = build.build_cell(client, grid, cell, house, lambda text: status.update(text), args.no_cache)
+        if result.status == "built" and not args.no_smoke:
+            with console.status(f"{cell.name}: running the self-test in the image"):
+                verdict = smoke.run(client, result.reference)
+            result.status = f"built, self-test {verdict.status}"
+            result.detail = verdict.summary
+            if verdict.status != "pass":
+                result.status = "failed: self-test"
+        results.append(result)
+        console.print(f"{cell.name}: {result.status} ({result.detail})" if result.detail else f"{cell.name}: {result.status}")
+    table = Table(title="build summary")
+    for column in ("cell", "tag", "image ID", "size", "build time", "status"):
+        table.add_column(column)
+    for r in results:
+        table.add_row(r.cell, r.reference, r.image_id[7:19], _human(r.size_bytes), f"{r.seconds:.0f} s", r.status)
+    Console(width=200).print(table)
+    return 0 if all(not r.status.startswith("failed") for r in results) else 1
+
+
+def cmd_smoke(args: argparse.Namespace) -> int:
+    client = engine.client()
+    references = args.targets
+    if not references:
+        grid = _matrix(args)
+        references = [build.local_reference(grid, grid.flagship)]
+    elif any(not (":" in t or t.startswith("sha256")) for t in references):
+        grid = _matrix(args)
+        references = [t if ":" in t else build.local_reference(grid, grid.cell(t)) for t in references]
+    failed = 0
+    for reference in references:
+        with console.status(f"{reference}: running the self-test"):
+            verdict = smoke.run(client, reference, gpus=None if not args.cpu else False)
+        print(verdict.report.get("table", ""), end="")
+        console.print(f"{reference}: self-test {verdict.status} ({verdict.summary}); report: {verdict.path}")
+        failed += verdict.status != "pass"
+    return 1 if failed else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m builder", description=__doc__)
     parser.add_argument("--matrix", default=str(matrix.DEFAULT_MATRIX), help="matrix file (default: ./matrix.yaml)")
@@ -66,6 +158,32 @@ def build_parser() -> argparse.ArgumentParser:
     plan = commands.add_parser("plan", help="list every cell with resolved versions, or why it is rejected")
     plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
     plan.set_defaults(func=cmd_plan)
+
+    lock_cmd = commands.add_parser("lock", help="resolve hash-pinned requirements for cells (all by default)")
+    lock_cmd.add_argument("cells", nargs="*")
+    lock_cmd.add_argument("--all", action="store_true")
+    lock_cmd.add_argument("--check", action="store_true", help="fail when a lock does not match the matrix")
+    lock_cmd.set_defaults(func=cmd_lock)
+
+    render_cmd = commands.add_parser("render", help="write images/<cell>/Dockerfile and spec.json")
+    render_cmd.add_argument("--check", action="store_true", help="fail when images/ differs from a fresh render")
+    render_cmd.set_defaults(func=cmd_render)
+
+    build_cmd = commands.add_parser("build", help="build cells (default: the flagship) on the Docker engine")
+    build_cmd.add_argument("cells", nargs="*")
+    build_cmd.add_argument("--all", action="store_true", help="every buildable cell")
+    build_cmd.add_argument("--no-cache", action="store_true")
+    build_cmd.add_argument("--no-smoke", action="store_true", help="skip the self-test (the image cannot be published)")
+    build_cmd.set_defaults(func=cmd_build)
+
+    smoke_cmd = commands.add_parser("smoke", help="run the in-image self-test on cells or images")
+    smoke_cmd.add_argument("targets", nargs="*", help="cell names or image references (default: the flagship)")
+    smoke_cmd.add_argument("--cpu", action="store_true", help="do not pass GPUs to the container")
+    smoke_cmd.set_defaults(func=cmd_smoke)
+
+    engine_cmd = commands.add_parser("engine", help="start a Docker engine if none answers (root only)")
+    engine_cmd.add_argument("--install", action="store_true", help="install Debian's docker.io if missing")
+    engine_cmd.set_defaults(func=cmd_engine)
 
     compat_cmd = commands.add_parser("compat", help="compatibility data derived from the wheels' metadata")
     compat_sub = compat_cmd.add_subparsers(dest="compat_command", required=True)

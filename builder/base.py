@@ -1,0 +1,139 @@
+"""Base images: a local image if present, else a pull by digest, else a bootstrap.
+
+The bootstrap runs mmdebstrap (or debootstrap) against the distro's package mirror with
+SOURCE_DATE_EPOCH set, then loads the root filesystem as a one-layer image whose config
+carries fixed times. `docker import` would stamp the current time; writing the image
+archive ourselves keeps the image ID a function of the root filesystem alone.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from builder.cell import BaseImage
+from builder.errors import UserError
+
+Report = Callable[[str], None]
+
+
+def ensure(engine: docker.DockerClient, base: BaseImage, epoch: int, report: Report = print) -> str:
+    """A reference to the base image in the engine, obtaining it the cheapest way available."""
+    for reference in (base.local_tag, base.image):
+        try:
+            engine.images.get(reference)
+            return reference
+        except docker.errors.ImageNotFound:
+            pass
+    if os.environ.get("TORCH_IMAGES_NO_PULL") != "1":
+        try:
+            report(f"pulling {base.image}")
+            engine.images.pull(base.image)
+            return base.image
+        except docker.errors.APIError as error:
+            report(f"pull failed ({str(error.explanation or error)[:80]}); bootstrapping from {base.mirror}")
+    bootstrap(engine, base, epoch, report)
+    return base.local_tag
+
+
+def bootstrap(engine: docker.DockerClient, base: BaseImage, epoch: int, report: Report = print) -> str:
+    """Bootstrap the base from the mirror and load it into the engine; returns the image ID."""
+    with tempfile.TemporaryDirectory(prefix="torch-images-base-") as scratch:
+        rootfs = Path(scratch, "rootfs.tar")
+        report(f"bootstrapping {base.distro} {base.suite} with {base.bootstrap_tool}")
+        _run_bootstrap(base, epoch, rootfs, Path(scratch))
+        archive = Path(scratch, "image.tar")
+        write_image_archive(rootfs, archive, base.local_tag, epoch, {"base": base.name, "suite": base.suite})
+        with archive.open("rb") as stream:
+            images = engine.images.load(stream)
+    image_id: str = images[0].id
+    report(f"loaded {base.local_tag} ({image_id[:19]})")
+    return image_id
+
+
+def _run_bootstrap(base: BaseImage, epoch: int, rootfs: Path, scratch: Path) -> None:
+    tool = shutil.which(base.bootstrap_tool)
+    if tool is None:
+        raise UserError(f"{base.bootstrap_tool} is not installed; install it (apt-get install {base.bootstrap_tool})")
+    env = {**os.environ, "SOURCE_DATE_EPOCH": str(epoch)}
+    components = ",".join(base.components)
+    if base.bootstrap_tool == "mmdebstrap":
+        mode = "root" if os.geteuid() == 0 else "unshare"
+        command = [
+            tool, f"--variant={base.variant}", f"--mode={mode}", "--format=tar", f"--components={components}",
+            "--quiet", base.suite, str(rootfs), base.mirror,
+        ]  # fmt: skip
+        result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    else:
+        target = scratch / "root"
+        command = [tool, f"--variant={base.variant}", f"--components={components}", base.suite, str(target), base.mirror]
+        result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        if result.returncode == 0:
+            subprocess.run(
+                ["tar", "--sort=name", f"--mtime=@{epoch}", "--clamp-mtime", "--numeric-owner", "-C", str(target),
+                 "-cf", str(rootfs), "."],
+                check=True,
+            )  # fmt: skip
+    if result.returncode != 0:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise UserError(f"bootstrap of {base.suite} from {base.mirror} failed: {tail[0]}")
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return "sha256:" + digest.hexdigest()
+
+
+def _timestamp(epoch: int) -> str:
+    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def image_config(diff_ids: list[str], epoch: int, labels: dict[str, str], history: list[str]) -> bytes:
+    """An image config with fixed times, serialised canonically (its digest is the image ID)."""
+    created = _timestamp(epoch)
+    config = {
+        "architecture": "amd64",
+        "os": "linux",
+        "created": created,
+        "config": {
+            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            "Cmd": ["bash"],
+            "Labels": labels,
+        },
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        "history": [{"created": created, "created_by": line} for line in history],
+    }
+    return json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+
+
+def write_image_archive(rootfs: Path, archive: Path, tag: str, epoch: int, labels: dict[str, str]) -> None:
+    """A `docker load` archive of one layer, streamed (the layer is never held in memory)."""
+    diff_id = _sha256_file(rootfs)
+    config = image_config([diff_id], epoch, labels, [f"bootstrap {labels.get('suite', '')}"])
+    config_name = hashlib.sha256(config).hexdigest() + ".json"
+    layer_name = diff_id.removeprefix("sha256:") + "/layer.tar"
+    manifest = json.dumps([{"Config": config_name, "RepoTags": [tag], "Layers": [layer_name]}]).encode()
+    with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as out:
+        for name, payload in ((config_name, config), ("manifest.json", manifest)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(payload), epoch
+            out.addfile(info, io.BytesIO(payload))
+        info = out.gettarinfo(str(rootfs), arcname=layer_name)
+        info.mtime, info.uid, info.gid, info.uname, info.gname = epoch, 0, 0, "", ""
+        with rootfs.open("rb") as layer:
+            out.addfile(info, layer)

@@ -1,0 +1,111 @@
+"""Build cells on the Docker engine through the Docker SDK.
+
+Before anything reaches the engine, the cell's locks and rendered Dockerfile must match the
+matrix, and every wheel must be in the wheelhouse with its locked hash: a stale lock or a
+bad file stops the build with nothing built. The build runs with host networking so RUN
+steps reach the wheelhouse on loopback; wheel files never enter the build context.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from builder import base, lock, render, wheelhouse
+from builder.cell import Cell
+from builder.errors import UserError
+from builder.matrix import Matrix
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+Report = Callable[[str], None]
+
+
+@dataclass
+class BuildResult:
+    cell: str
+    reference: str
+    image_id: str = ""
+    size_bytes: int = 0
+    seconds: float = 0.0
+    status: str = "pending"  # built | failed | then smoke's verdict
+    detail: str = ""
+
+
+def local_reference(grid: Matrix, cell: Cell) -> str:
+    return f"{grid.spec.repository}:{cell.tag}"
+
+
+def preflight(cell: Cell, grid: Matrix) -> None:
+    """Refuse to build a cell whose lock or Dockerfile does not match matrix.yaml."""
+    problems = lock.check_cell(cell, grid) + render.drift([cell], grid)
+    if problems:
+        raise UserError(problems[0])
+
+
+def build_cell(
+    engine: docker.DockerClient,
+    grid: Matrix,
+    cell: Cell,
+    house: wheelhouse.Wheelhouse,
+    report: Report,
+    no_cache: bool = False,
+) -> BuildResult:
+    reference = local_reference(grid, cell)
+    result = BuildResult(cell.name, reference)
+    started = time.monotonic()
+    preflight(cell, grid)
+    report(f"{cell.name}: fetching and verifying wheels")
+    house.prepare(cell, grid, lock.read_locks(cell))
+    base_reference = base.ensure(engine, cell.base, grid.spec.source_date_epoch, report)
+    with wheelhouse.serve(house, grid.spec.wheelhouse.listen):
+        image_id, error = _stream_build(engine, cell, reference, base_reference, report, no_cache)
+    result.seconds = time.monotonic() - started
+    if error:
+        result.status, result.detail = "failed", error
+        return result
+    image = engine.images.get(reference)
+    result.image_id, result.size_bytes, result.status = image.id, int(image.attrs["Size"]), "built"
+    return result
+
+
+def _stream_build(
+    engine: docker.DockerClient, cell: Cell, reference: str, base_reference: str, report: Report, no_cache: bool
+) -> tuple[str, str]:
+    dockerfile = (lock.cell_dir(cell) / "Dockerfile").as_posix()
+    stream = engine.api.build(
+        path=str(REPO_ROOT),
+        dockerfile=dockerfile,
+        tag=reference,
+        buildargs={"BASE_IMAGE": base_reference},
+        network_mode="host",
+        rm=True,
+        forcerm=True,
+        decode=True,
+        nocache=no_cache,
+    )
+    image_id, last_lines = "", []
+    for chunk in stream:
+        if "error" in chunk:
+            tail = " | ".join(line for line in last_lines[-3:] if line)
+            return "", f"{chunk['error'].strip()} ({tail})" if tail else chunk["error"].strip()
+        if "aux" in chunk and "ID" in chunk["aux"]:
+            image_id = chunk["aux"]["ID"]
+        text = chunk.get("stream", "").strip()
+        if text:
+            last_lines = [*last_lines[-5:], text]
+            if re.match(r"^Step \d+/\d+", text):
+                report(f"{cell.name}: {text[:110]}")
+    return image_id, ""
+
+
+def remove_image(engine: docker.DockerClient, reference: str) -> None:
+    try:
+        engine.images.remove(reference, force=True)
+    except docker.errors.ImageNotFound:
+        pass

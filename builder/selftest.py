@@ -1,0 +1,546 @@
+#!/usr/bin/env python3
+"""torch-selftest: does this image (or this host) run PyTorch correctly and at speed?
+
+Depends on torch and the standard library only, so it runs in every image of the matrix and
+on any host: `docker run --rm [--gpus all] IMAGE torch-selftest [--json report.json]`.
+
+Checks: environment (versions against the image's spec; driver and GPU architecture against
+what the image needs), torch.compile, AMP training, SDPA with every backend the device
+offers (grouped-query shapes included), matmul and memory bandwidth against the GPU's
+datasheet, and a two-process all_reduce. Every check has a correctness gate; speed
+thresholds apply on GPUs listed in gpu_peaks.json. Exits 1 if any check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_PEAKS = HERE / "gpu_peaks.json"
+DEFAULT_SPEC = HERE / "spec.json"
+Metrics = Dict[str, Any]
+
+
+class Failure(Exception):
+    """A check's correctness or speed gate did not hold."""
+
+
+class Skip(Exception):
+    """The check does not apply on this device."""
+
+
+class Context:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.cuda = torch.cuda.is_available() and not args.cpu
+        self.device = torch.device("cuda" if self.cuda else "cpu")
+        self.gpu_name = torch.cuda.get_device_name(0) if self.cuda else ""
+        self.capability = torch.cuda.get_device_capability(0) if self.cuda else (0, 0)
+        self.peaks = self._gpu_entry(args.peaks)
+        self.quick = args.quick
+
+    def _gpu_entry(self, path: Path) -> Optional[Dict[str, Any]]:
+        if not self.cuda or not path.exists():
+            return None
+        table = json.loads(path.read_text())
+        for entry in table.get("gpus", []):
+            if any(alias.lower() in self.gpu_name.lower() for alias in entry["match"]):
+                return entry
+        return None
+
+    def threshold(self, name: str) -> Optional[float]:
+        if self.peaks is None:
+            return None
+        value = self.peaks.get("thresholds", {}).get(name)
+        return float(value) if value is not None else None
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+
+def timed(ctx: Context, fn: Callable[[], Any], iterations: int, warmup: int = 2) -> float:
+    """Median seconds per call, after warm-up, with the device synchronised."""
+    for _ in range(warmup):
+        fn()
+    ctx.sync()
+    samples = []
+    for _ in range(iterations):
+        start = time.perf_counter()
+        fn()
+        ctx.sync()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def check_environment(ctx: Context) -> Metrics:
+    """Versions inside the image, compared with the spec it was built from."""
+    metrics: Metrics = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda or "cpu",
+        "cudnn": _cudnn_version(),
+        "nccl": _nccl_version(),
+        "python": platform.python_version(),
+        "glibc": platform.libc_ver()[1],
+    }
+    expected = _load_spec(ctx.args.spec)
+    mismatches = []
+    if expected:
+        locked = expected.get("locked", {})
+        if locked.get("torch") and locked["torch"] != metrics["torch"]:
+            mismatches.append(f"torch {metrics['torch']} != {locked['torch']}")
+        if locked.get("cuda") and locked["cuda"] != metrics["cuda"]:
+            mismatches.append(f"CUDA {metrics['cuda']} != {locked['cuda']}")
+        if locked.get("cudnn") and metrics["cudnn"] is not None and metrics["cudnn"] != _cudnn_number(locked["cudnn"]):
+            mismatches.append(f"cuDNN {metrics['cudnn']} != {locked['cudnn']}")
+        if expected.get("python") and not metrics["python"].startswith(expected["python"] + "."):
+            mismatches.append(f"Python {metrics['python']} != {expected['python']}")
+        if expected.get("glibc") and metrics["glibc"] != expected["glibc"]:
+            mismatches.append(f"glibc {metrics['glibc']} != {expected['glibc']}")
+        metrics["spec"] = expected.get("cell")
+    if ctx.cuda:
+        metrics.update(_gpu_compatibility(ctx))
+    try:
+        import numpy  # noqa: F401  (torch warns without it; users expect tensor.numpy())
+
+        metrics["numpy"] = numpy.__version__
+        torch.ones(2).numpy()
+    except ImportError:
+        mismatches.append("numpy is missing")
+    if mismatches:
+        raise Failure("; ".join(mismatches))
+    return metrics
+
+
+def _cudnn_number(version: str) -> int:
+    """cuDNN 9's integer version, as torch.backends.cudnn.version() reports it (9.26.0.51 -> 92600)."""
+    major, minor, patch = (int(part) for part in version.split(".")[:3])
+    return major * 10000 + minor * 100 + patch
+
+
+def _cudnn_version() -> Optional[int]:
+    try:
+        return torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    except Exception:
+        return None
+
+
+def _nccl_version() -> Optional[str]:
+    try:
+        version = torch.cuda.nccl.version()
+        return ".".join(str(v) for v in version) if isinstance(version, tuple) else str(version)
+    except Exception:
+        return None
+
+
+def _load_spec(path: Optional[Path]) -> Optional[Dict[str, Any]]:
+    if path is None or not path.exists():
+        return None
+    return json.loads(path.read_text())
+
+
+def _driver_cuda_version() -> Optional[str]:
+    """The newest CUDA the installed driver supports, from libcuda itself."""
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    version = ctypes.c_int()
+    if libcuda.cuDriverGetVersion(ctypes.byref(version)) != 0:
+        return None
+    return f"{version.value // 1000}.{(version.value % 1000) // 10}"
+
+
+def _gpu_compatibility(ctx: Context) -> Metrics:
+    needed = torch.version.cuda or ""
+    driver = _driver_cuda_version()
+    if driver and needed and int(driver.split(".")[0]) < int(needed.split(".")[0]):
+        raise Failure(
+            f"the host's driver supports CUDA {driver}, this image needs CUDA {needed}: upgrade the NVIDIA driver"
+        )
+    major, minor = ctx.capability
+    arch_list = torch.cuda.get_arch_list()
+    native = f"sm_{major}{minor}"
+    ptx = [a for a in arch_list if a.startswith("compute_") and int(a[8:].rstrip("a")) <= major * 10 + minor]
+    if native not in arch_list and not any(a.startswith(native) for a in arch_list) and not ptx:
+        raise Failure(
+            f"{ctx.gpu_name} is {native}; this torch is compiled for {', '.join(arch_list)}: "
+            "use an image whose torch supports this GPU"
+        )
+    return {"gpu": ctx.gpu_name, "capability": f"{major}.{minor}", "driver_cuda": driver, "arch_list": arch_list}
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.up = torch.nn.Linear(width, 4 * width)
+        self.down = torch.nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(F.gelu(self.up(self.norm(x))))
+
+
+def _model(ctx: Context, width: int, depth: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[_Block(width) for _ in range(depth)]).to(ctx.device)
+
+
+def check_compile(ctx: Context) -> Metrics:
+    """A small model compiled with Inductor matches eager and is not slower."""
+    width, batch = (256, 64) if not ctx.cuda else (1024, 4096)
+    model = _model(ctx, width, 2).eval()
+    x = torch.randn(batch, width, device=ctx.device)
+    compiled = torch.compile(model, backend="inductor")
+    with torch.no_grad():
+        start = time.perf_counter()
+        out_compiled = compiled(x)
+        ctx.sync()
+        compile_seconds = time.perf_counter() - start
+        out_eager = model(x)
+        error = (out_compiled - out_eager).abs().max().item()
+        if not torch.allclose(out_compiled, out_eager, rtol=1e-3, atol=1e-3):
+            raise Failure(f"compiled output differs from eager by {error:.2e}")
+        iterations = 10 if ctx.quick else 30
+        eager_s = timed(ctx, lambda: model(x), iterations)
+        compiled_s = timed(ctx, lambda: compiled(x), iterations)
+    speedup = eager_s / compiled_s
+    metrics = {"compile_s": round(compile_seconds, 2), "max_abs_error": error, "speedup_vs_eager": round(speedup, 2)}
+    floor = ctx.threshold("compile_speedup_min")
+    if floor is not None and speedup < floor:
+        raise Failure(f"compiled model runs at {speedup:.2f}x eager, needs >= {floor}")
+    return metrics
+
+
+def _train(ctx: Context, dtype: Optional[torch.dtype], steps: int) -> Metrics:
+    torch.manual_seed(0)
+    width = 128 if not ctx.cuda else 2048
+    model = _model(ctx, width, 2)
+    head = torch.nn.Linear(width, 1).to(ctx.device)
+    params = list(model.parameters()) + list(head.parameters())
+    optimizer = torch.optim.AdamW(params, lr=1e-3)
+    scaler = torch.amp.GradScaler("cuda") if (dtype == torch.float16 and ctx.cuda) else None
+    x = torch.randn(128 if not ctx.cuda else 8192, width, device=ctx.device)
+    target = x.sum(dim=1, keepdim=True) / width**0.5
+    losses = []
+    ctx.sync()
+    start = time.perf_counter()
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(ctx.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = F.mse_loss(head(model(x)).float(), target)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+        losses.append(loss.item())
+    seconds = time.perf_counter() - start
+    finite = all(v == v and abs(v) != float("inf") for v in losses)
+    if not finite:
+        raise Failure(f"{dtype} training produced a non-finite loss: {losses}")
+    if not losses[-1] < losses[0]:
+        raise Failure(f"{dtype} training loss did not decrease: {losses[0]:.4f} -> {losses[-1]:.4f}")
+    return {"first_loss": round(losses[0], 4), "last_loss": round(losses[-1], 4), "seconds": seconds}
+
+
+def check_amp(ctx: Context) -> Metrics:
+    """Autocast training steps: loss stays finite and decreases; speedup against fp32."""
+    steps = 8 if ctx.quick else 20
+    fp32 = _train(ctx, None, steps)
+    dtypes = [torch.bfloat16] + ([torch.float16] if ctx.cuda else [])
+    metrics: Metrics = {"fp32_loss": [fp32["first_loss"], fp32["last_loss"]]}
+    for dtype in dtypes:
+        result = _train(ctx, dtype, steps)
+        name = str(dtype).replace("torch.", "")
+        metrics[f"{name}_loss"] = [result["first_loss"], result["last_loss"]]
+        metrics[f"{name}_speedup_vs_fp32"] = round(fp32["seconds"] / result["seconds"], 2)
+    return metrics
+
+
+def _sdpa_backends(ctx: Context) -> List[str]:
+    from torch.nn.attention import SDPBackend
+
+    names = ["MATH", "FLASH_ATTENTION", "EFFICIENT_ATTENTION"]
+    if ctx.cuda and hasattr(SDPBackend, "CUDNN_ATTENTION"):
+        names.append("CUDNN_ATTENTION")
+    if not ctx.cuda:
+        names = ["MATH", "FLASH_ATTENTION"]  # the CPU kernels torch ships
+    return names
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: Any, gqa: bool) -> torch.Tensor:
+    from torch.nn.attention import sdpa_kernel
+
+    with sdpa_kernel(backend):
+        if gqa:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def check_sdpa(ctx: Context) -> Metrics:
+    """Every SDPA backend, selected explicitly, against the math backend; GQA with few KV heads."""
+    from torch.nn.attention import SDPBackend
+
+    dtype = torch.bfloat16 if ctx.cuda else torch.float32
+    seq = 1024 if ctx.cuda else 256
+    shapes = [(8, 8, 64), (8, 8, 128), (32, 4, 128), (16, 2, 64)]  # (query heads, KV heads, head dim)
+    metrics: Metrics = {}
+    problems = []
+    for backend_name in _sdpa_backends(ctx):
+        backend = getattr(SDPBackend, backend_name)
+        for heads, kv_heads, head_dim in shapes:
+            gqa = kv_heads != heads
+            torch.manual_seed(0)
+            q = torch.randn(2, heads, seq, head_dim, device=ctx.device, dtype=dtype)
+            k = torch.randn(2, kv_heads, seq, head_dim, device=ctx.device, dtype=dtype)
+            v = torch.randn(2, kv_heads, seq, head_dim, device=ctx.device, dtype=dtype)
+            key = f"{backend_name.lower()}_h{heads}kv{kv_heads}d{head_dim}"
+            try:
+                out = _attention(q, k, v, backend, gqa)
+            except RuntimeError as error:
+                if "No available kernel" in str(error):
+                    metrics[key] = "unsupported"
+                    if backend_name == "CUDNN_ATTENTION" and ctx.capability >= (9, 0) and not gqa:
+                        problems.append(f"cuDNN SDPA has no kernel for {key} on sm{ctx.capability[0]}{ctx.capability[1]}")
+                    continue
+                raise
+            reference = _attention(q.float(), k.float(), v.float(), SDPBackend.MATH, gqa)
+            error_max = (out.float() - reference).abs().max().item()
+            tolerance = 2e-2 if dtype != torch.float32 else 1e-4
+            if error_max > tolerance:
+                problems.append(f"{key} differs from math by {error_max:.3e}")
+            metrics[key] = {"max_abs_error": error_max, "ms": round(1e3 * timed(ctx, lambda: _attention(q, k, v, backend, gqa), 5 if ctx.quick else 10), 3)}
+    if ctx.cuda:
+        metrics.update(_sdpa_speed_gate(ctx, problems))
+    if problems:
+        raise Failure("; ".join(problems))
+    return metrics
+
+
+def _sdpa_speed_gate(ctx: Context, problems: List[str]) -> Metrics:
+    """Fused attention against math at sequence length 4096 in bf16."""
+    from torch.nn.attention import SDPBackend
+
+    q, k, v = (torch.randn(4, 16, 4096, 128, device=ctx.device, dtype=torch.bfloat16) for _ in range(3))
+    math_ms = 1e3 * timed(ctx, lambda: _attention(q, k, v, SDPBackend.MATH, False), 5)
+    speedups = {}
+    for name in ("FLASH_ATTENTION", "CUDNN_ATTENTION"):
+        if not hasattr(SDPBackend, name):
+            continue
+        try:
+            fused_ms = 1e3 * timed(ctx, lambda: _attention(q, k, v, getattr(SDPBackend, name), False), 10)
+        except RuntimeError:
+            continue
+        speedups[f"{name.lower()}_speedup_vs_math_4096"] = round(math_ms / fused_ms, 2)
+    floor = ctx.threshold("sdpa_fused_speedup_min")
+    if floor is not None and speedups and max(speedups.values()) < floor:
+        problems.append(f"fused SDPA is {max(speedups.values())}x math at 4096, needs >= {floor}")
+    return speedups
+
+
+def check_throughput(ctx: Context) -> Metrics:
+    """Matmul TFLOP/s (bf16, fp16) and memory bandwidth, as fractions of the datasheet peaks."""
+    n = 8192 if ctx.cuda else 512
+    metrics: Metrics = {}
+    # CPUs without bf16 units emulate it very slowly; on CPU fp32 alone says what matters.
+    dtypes = [torch.bfloat16, torch.float16] if ctx.cuda else [torch.float32]
+    for dtype in dtypes:
+        a = torch.randn(n, n, device=ctx.device, dtype=dtype)
+        b = torch.randn(n, n, device=ctx.device, dtype=dtype)
+        seconds = timed(ctx, lambda: a @ b, 5 if ctx.quick else 20)
+        name = str(dtype).replace("torch.", "")
+        metrics[f"matmul_{name}_tflops"] = round(2 * n**3 / seconds / 1e12, 3)
+    size = (1 << 30) if ctx.cuda else (1 << 25)
+    source = torch.empty(size, dtype=torch.uint8, device=ctx.device)
+    target = torch.empty_like(source)
+    seconds = timed(ctx, lambda: target.copy_(source), 5 if ctx.quick else 20)
+    metrics["copy_bandwidth_tbs"] = round(2 * size / seconds / 1e12, 4)  # read + write
+    if ctx.peaks:
+        peak_tflops, peak_bandwidth = ctx.peaks["bf16_tflops"], ctx.peaks["bandwidth_tbs"]
+        metrics["matmul_bf16_fraction_of_peak"] = round(metrics["matmul_bfloat16_tflops"] / peak_tflops, 3)
+        metrics["bandwidth_fraction_of_peak"] = round(metrics["copy_bandwidth_tbs"] / peak_bandwidth, 3)
+        floor = ctx.threshold("matmul_bf16_fraction_min")
+        if floor is not None and metrics["matmul_bf16_fraction_of_peak"] < floor:
+            raise Failure(
+                f"bf16 matmul reaches {metrics['matmul_bf16_fraction_of_peak']:.0%} of {peak_tflops} TFLOP/s, needs {floor:.0%}"
+            )
+        floor = ctx.threshold("bandwidth_fraction_min")
+        if floor is not None and metrics["bandwidth_fraction_of_peak"] < floor:
+            raise Failure(f"copy bandwidth reaches {metrics['bandwidth_fraction_of_peak']:.0%} of peak, needs {floor:.0%}")
+    elif ctx.cuda:
+        metrics["note"] = f"no datasheet entry for {ctx.gpu_name} in gpu_peaks.json; speeds not gated"
+    return metrics
+
+
+def _all_reduce_worker(rank: int, world: int, backend: str, init_file: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    tensor = torch.full((1024,), float(rank + 1), device=device)
+    dist.all_reduce(tensor)
+    expected = world * (world + 1) / 2
+    if not torch.all(tensor == expected):
+        raise SystemExit(f"all_reduce gave {tensor[0].item()}, expected {expected}")
+    dist.destroy_process_group()
+
+
+def check_distributed(ctx: Context) -> Metrics:
+    """A two-process all_reduce: NCCL across two GPUs, gloo otherwise."""
+    import torch.multiprocessing as mp
+
+    backend = "nccl" if ctx.cuda and torch.cuda.device_count() >= 2 else "gloo"
+    with tempfile.TemporaryDirectory() as scratch:
+        start = time.perf_counter()
+        mp.spawn(_all_reduce_worker, args=(2, backend, os.path.join(scratch, "rendezvous")), nprocs=2, join=True)
+    return {"backend": backend, "world_size": 2, "seconds": round(time.perf_counter() - start, 2)}
+
+
+CHECKS = [
+    ("environment", check_environment),
+    ("torch.compile", check_compile),
+    ("amp", check_amp),
+    ("sdpa", check_sdpa),
+    ("throughput", check_throughput),
+    ("distributed", check_distributed),
+]
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def _peak_memory(ctx: Context) -> Optional[int]:
+    if ctx.cuda:
+        return int(torch.cuda.max_memory_allocated())
+    try:
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    except ImportError:
+        return None
+
+
+def run_check(ctx: Context, name: str, fn: Callable[[Context], Metrics]) -> Dict[str, Any]:
+    if ctx.cuda:
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    status, message, metrics = "pass", "", {}
+    try:
+        metrics = fn(ctx)
+    except Skip as reason:
+        status, message = "skip", str(reason)
+    except Failure as reason:
+        status, message = "fail", str(reason)
+    except Exception as error:  # a crash in a check is a failure of the image, reported, not raised
+        status, message = "fail", f"{type(error).__name__}: {error}"
+        if ctx.args.verbose:
+            traceback.print_exc()
+    return {
+        "check": name,
+        "status": status,
+        "seconds": round(time.perf_counter() - start, 2),
+        "peak_memory_bytes": _peak_memory(ctx),
+        "message": message,
+        "metrics": metrics,
+    }
+
+
+def nvidia_smi() -> Optional[Dict[str, str]]:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    fields = "name,driver_version,utilization.gpu,memory.used,memory.total,clocks.sm,clocks.mem"
+    try:
+        output = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"], capture_output=True, text=True, timeout=20
+        ).stdout.strip().splitlines()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return dict(zip(fields.split(","), (v.strip() for v in output[0].split(",")))) if output else None
+
+
+def _summary(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_summary(v)}" for k, v in list(value.items())[:6])
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+def print_table(report: Dict[str, Any], stream: Any) -> None:
+    print(f"torch-selftest on {report['device']} ({report['host']})", file=stream)
+    print(f"{'check':<15}{'status':<8}{'time':>8}  details", file=stream)
+    for result in report["checks"]:
+        detail = result["message"] or _summary(result["metrics"])
+        print(f"{result['check']:<15}{result['status']:<8}{result['seconds']:>7.1f}s  {detail[:160]}", file=stream)
+    print(f"result: {report['status']}", file=stream)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="torch-selftest", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", metavar="PATH", help="write the JSON report there ('-' for stdout)")
+    parser.add_argument("--spec", type=Path, default=DEFAULT_SPEC, help="expected versions (the image's spec.json)")
+    parser.add_argument("--peaks", type=Path, default=DEFAULT_PEAKS, help="GPU datasheet peaks and thresholds")
+    parser.add_argument("--only", action="append", help="run only these checks (repeatable)")
+    parser.add_argument("--cpu", action="store_true", help="ignore any GPU")
+    parser.add_argument("--quick", action="store_true", help="fewer timing iterations")
+    parser.add_argument("--profile", metavar="DIR", help="write a torch.profiler trace of the checks there")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    ctx = Context(args)
+    selected = [(n, f) for n, f in CHECKS if not args.only or n in args.only]
+    results = []
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ctx.cuda else [])
+        with profile(activities=activities) as profiler:
+            results = [run_check(ctx, n, f) for n, f in selected]
+        os.makedirs(args.profile, exist_ok=True)
+        profiler.export_chrome_trace(os.path.join(args.profile, "torch-selftest-trace.json"))
+    else:
+        results = [run_check(ctx, n, f) for n, f in selected]
+    failed = [r["check"] for r in results if r["status"] == "fail"]
+    report = {
+        "status": "fail" if failed else "pass",
+        "failed": failed,
+        "device": ctx.gpu_name or "cpu",
+        "host": platform.node(),
+        "torch": torch.__version__,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "nvidia_smi": nvidia_smi() if ctx.cuda else None,
+        "checks": results,
+    }
+    print_table(report, sys.stderr if args.json == "-" else sys.stdout)
+    if args.json:
+        text = json.dumps(report, indent=1, default=str)
+        if args.json == "-":
+            print(text)
+        else:
+            Path(args.json).write_text(text + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""The host-side wheelhouse: a content-addressed, hash-verified cache served on loopback.
+
+Wheels are downloaded once on the host (where the site's certificates and credentials
+live), verified against the lock's sha256, and stored under sha256/<hash>/<filename>,
+shared by all cells. A build reaches them over http://127.0.0.1 with host networking,
+so nothing from the host's trust store ever enters an image, and the wheel files never
+enter a layer. Concurrent builds share the cache safely: one lock file per blob, writes
+to a temporary name renamed into place only after the hash matched.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import html
+import http.server
+import os
+import tempfile
+import threading
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from filelock import FileLock
+from packaging import tags as wheel_tags
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+from builder import pypi
+from builder.cell import Cell
+from builder.errors import UserError
+from builder.lock import Lockfile
+from builder.matrix import Matrix, expand_env
+
+MARKER = ".torch-images-wheelhouse"
+
+
+def default_root() -> Path:
+    return Path(os.environ.get("TORCH_IMAGES_CACHE", Path.home() / ".cache" / "torch-images")) / "wheelhouse"
+
+
+@dataclass(frozen=True)
+class WheelRef:
+    """One file a lock names, and where to get it."""
+
+    project: str
+    filename: str
+    url: str
+    sha256: str
+
+
+def target_tags(cell: Cell) -> list[wheel_tags.Tag]:
+    """The wheel tags pip inside the cell's image accepts, most preferred first."""
+    major, minor = (int(p) for p in cell.python.split(".")[:2])
+    glibc_minor = int(cell.base.glibc.split(".")[1])
+    platforms = [f"manylinux_2_{n}_x86_64" for n in range(glibc_minor, 4, -1)]
+    platforms += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
+    return [
+        *wheel_tags.cpython_tags((major, minor), platforms=platforms),
+        *wheel_tags.compatible_tags((major, minor), platforms=platforms),
+    ]
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class Wheelhouse:
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = root or default_root()
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / MARKER).write_text(str(self.root.resolve()))
+        self.bytes_downloaded = 0
+
+    def blob(self, sha256: str, filename: str) -> Path:
+        return self.root / "sha256" / sha256[:2] / sha256 / filename
+
+    # ------------------------------------------------------------ finding files
+
+    @functools.cache  # noqa: B019 - one listing per project and index for the wheelhouse's life
+    def _listing(self, project: str, index_url: str | None, find_links: tuple[str, ...]) -> list[pypi.WheelFile]:
+        files: list[pypi.WheelFile] = []
+        for directory in find_links:
+            files += pypi.find_links_files(project, Path(directory))
+        if index_url:
+            files += pypi.index_files(project, index_url)
+        return files
+
+    def refs(self, cell: Cell, grid: Matrix, lock: Lockfile) -> list[WheelRef]:
+        """The one wheel per locked package that the cell's image will install."""
+        index = grid.index(cell.index)
+        links = tuple(expand_env(p) for p in index.find_links)
+        priority = {tag: rank for rank, tag in enumerate(target_tags(cell))}
+        refs = []
+        for package in lock.packages.values():
+            best: tuple[int, WheelRef] | None = None
+            for wheel in self._listing(package.name, index.url, links):
+                name, version, _, file_tags = parse_wheel_filename(wheel.filename)
+                if canonicalize_name(name) != package.name or str(version) != package.version:
+                    continue
+                rank = min((priority[t] for t in file_tags if t in priority), default=None)
+                if rank is None:
+                    continue
+                digest = wheel.sha256 or self._local_digest(wheel)
+                if digest not in package.hashes:
+                    continue
+                if best is None or rank < best[0]:
+                    best = (rank, WheelRef(package.name, wheel.filename, wheel.url, digest))
+            if best is None:
+                raise UserError(
+                    f"{lock.path}: no wheel of {package.name}=={package.version} with a locked hash fits "
+                    f"Python {cell.python} on glibc {cell.base.glibc}; run `python -m builder lock {cell.name}`"
+                )
+            refs.append(best[1])
+        return sorted(refs, key=lambda r: r.filename)
+
+    @functools.cache  # noqa: B019
+    def _local_digest(self, wheel: pypi.WheelFile) -> str:
+        return sha256_of(Path(urllib.request.url2pathname(wheel.url.removeprefix("file://"))))
+
+    # ------------------------------------------------------------ fetching
+
+    def fetch(self, ref: WheelRef) -> Path:
+        """The verified file in the cache, downloading it first if needed."""
+        target = self.blob(ref.sha256, ref.filename)
+        if target.exists():
+            return target
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(target) + ".lock"):
+            if target.exists():  # another build fetched it while we waited
+                return target
+            with tempfile.NamedTemporaryFile(dir=target.parent, delete=False, prefix=".part-") as part:
+                temporary = Path(part.name)
+                try:
+                    digest = self._download(ref.url, part)
+                except BaseException:
+                    temporary.unlink(missing_ok=True)
+                    raise
+            if digest != ref.sha256:
+                temporary.unlink(missing_ok=True)
+                raise UserError(
+                    f"{ref.filename}: sha256 mismatch, expected {ref.sha256}, got {digest}; refusing it, nothing built"
+                )
+            os.replace(temporary, target)
+        return target
+
+    def _download(self, url: str, sink: tempfile._TemporaryFileWrapper[bytes]) -> str:
+        digest = hashlib.sha256()
+        if url.startswith("file://"):
+            source = open(urllib.request.url2pathname(url.removeprefix("file://")), "rb")  # noqa: SIM115
+        else:
+            source = urllib.request.urlopen(url, timeout=120)
+        with source:
+            while chunk := source.read(1 << 20):
+                digest.update(chunk)
+                sink.write(chunk)
+                if not url.startswith("file://"):
+                    self.bytes_downloaded += len(chunk)
+        return digest.hexdigest()
+
+    # ------------------------------------------------------------ serving
+
+    def publish_page(self, lock: Lockfile, refs: list[WheelRef]) -> str:
+        """Write the find-links page for one lock; returns its path under the server root."""
+        key = lock_key(lock.path)
+        page = self.root / "locks" / key / "index.html"
+        page.parent.mkdir(parents=True, exist_ok=True)
+        links = "\n".join(
+            f'<a href="../../sha256/{r.sha256[:2]}/{r.sha256}/{html.escape(r.filename)}#sha256={r.sha256}">'
+            f"{html.escape(r.filename)}</a><br>"
+            for r in refs
+        )
+        with tempfile.NamedTemporaryFile("w", dir=page.parent, delete=False) as handle:
+            handle.write(f"<!DOCTYPE html><html><body>\n{links}\n</body></html>\n")
+        os.replace(handle.name, page)
+        return f"locks/{key}/"
+
+    def prepare(self, cell: Cell, grid: Matrix, locks: list[Lockfile]) -> list[Path]:
+        """Fetch and verify every file of the cell's locks and publish their pages."""
+        files = []
+        for lock in locks:
+            refs = self.refs(cell, grid, lock)
+            files += [self.fetch(ref) for ref in refs]
+            self.publish_page(lock, refs)
+        return files
+
+
+def lock_key(path: Path) -> str:
+    """The URL path segment a lock's page lives under: a digest of the lock's content."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+def _serving_same_root(host: str, port: int, root: Path) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/{MARKER}", timeout=2) as response:
+            return bool(response.read().decode() == str(root.resolve()))
+    except OSError:
+        return False
+
+
+@contextmanager
+def serve(house: Wheelhouse, listen: str) -> Iterator[str]:
+    """Serve the wheelhouse on a loopback address for the duration of a build.
+
+    The address is fixed by matrix.yaml because it is part of the rendered RUN line (and so of
+    the layer cache key). A second build reuses a server already serving the same cache.
+    """
+    host, port = listen.rsplit(":", 1)
+    handler = functools.partial(_QuietHandler, directory=str(house.root))
+    try:
+        server = http.server.ThreadingHTTPServer((host, int(port)), handler)
+    except OSError as error:
+        if _serving_same_root(host, int(port), house.root):
+            yield f"http://{listen}/"
+            return
+        raise UserError(
+            f"cannot serve the wheelhouse on {listen}: {error.strerror}; free the port or change wheelhouse.listen"
+        ) from None
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://{listen}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+

@@ -1,0 +1,93 @@
+"""Sessions: build (the main job), tests, lint, smoke, publish, bench, repro, engine.
+
+Each session installs the builder into its own virtual environment and calls
+`python -m builder ...`; the logic lives in builder/, not here.
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+PYTHON = "3.11"
+
+
+def _install(session: nox.Session, *extras: str) -> None:
+    spec = f".[{','.join(extras)}]" if extras else "."
+    session.install("-e", spec)
+
+
+def _ensure_engine(session: nox.Session) -> None:
+    """Start an engine when none answers; as root this may install Debian's docker.io."""
+    session.run("python", "-m", "builder", "engine", "--install")
+
+
+@nox.session(python=PYTHON)
+def engine(session: nox.Session) -> None:
+    """Install (as root, with apt) and start a Docker engine if none answers."""
+    _install(session)
+    _ensure_engine(session)
+
+
+@nox.session(python=PYTHON)
+def build(session: nox.Session) -> None:
+    """Build the flagship image, or the cells named after `--` (or `-- --all`), then self-test each."""
+    _install(session)
+    _ensure_engine(session)
+    session.run("python", "-m", "builder", "build", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def smoke(session: nox.Session) -> None:
+    """Run the in-image self-test on built cells or images (`-- CELL|IMAGE ...`)."""
+    _install(session)
+    session.run("python", "-m", "builder", "smoke", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def publish(session: nox.Session) -> None:
+    """Push cells whose self-test passed for that exact image ID (`-- CELL ...`)."""
+    _install(session)
+    session.run("python", "-m", "builder", "publish", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """Unit tests, drift checks, and integration tests against the real engine and registry."""
+    _install(session, "test")
+    _ensure_engine(session)
+    session.run("python", "-m", "builder", "render", "--check")
+    session.run("python", "-m", "builder", "lock", "--check")
+    session.run("pytest", *(session.posargs or ["tests"]), env={"PYTHONUNBUFFERED": "1"})
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff and mypy."""
+    _install(session, "lint")
+    session.run("ruff", "check", "builder", "tests", "noxfile.py")
+    session.run("ruff", "format", "--check", "builder", "tests", "noxfile.py")
+    session.run("mypy", "builder")
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Benchmarks, ratios side by side in one run (targets in README)."""
+    _install(session)
+    _ensure_engine(session)
+    session.run("python", "-m", "builder.bench", *session.posargs, env={"PYTHONUNBUFFERED": "1"})
+
+
+@nox.session(python=PYTHON)
+def repro(session: nox.Session) -> None:
+    """Build a cell twice without cache and compare image IDs and layers (`-- CELL`)."""
+    _install(session)
+    _ensure_engine(session)
+    session.run("python", "-m", "builder", "verify-repro", *session.posargs)
+
+
+if os.environ.get("CI") == "true":
+    nox.options.error_on_missing_interpreters = True
