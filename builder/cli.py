@@ -86,7 +86,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
 def cmd_render(args: argparse.Namespace) -> int:
     grid = _matrix(args)
     if args.check:
-        problems = render.drift(grid.cells, grid)
+        problems = render.drift(grid.cells, grid) + render.orphans(grid)
         for problem in problems:
             print(problem)
         if problems:

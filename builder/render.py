@@ -114,7 +114,6 @@ def render(cells: list[Cell], grid: Matrix) -> list[Path]:
 def drift(cells: list[Cell], grid: Matrix) -> list[str]:
     """What differs between images/ and a fresh render (empty when in sync)."""
     problems = []
-    expected_dirs = {lock.cell_dir(c) for c in cells}
     for cell in cells:
         try:
             files = rendered(cell, grid)
@@ -126,6 +125,12 @@ def drift(cells: list[Cell], grid: Matrix) -> list[str]:
                 problems.append(f"{path} is missing")
             elif path.read_text() != text:
                 problems.append(f"{path} differs from a fresh render")
-    if lock.IMAGES_DIR.is_dir():
-        problems += [f"{d} belongs to no cell of the matrix" for d in sorted(lock.IMAGES_DIR.iterdir()) if d.is_dir() and d not in expected_dirs]
     return problems
+
+
+def orphans(grid: Matrix) -> list[str]:
+    """Directories under images/ that no cell of the matrix renders any more."""
+    expected = {lock.cell_dir(c) for c in grid.cells}
+    if not lock.IMAGES_DIR.is_dir():
+        return []
+    return [f"{d} belongs to no cell of the matrix" for d in sorted(lock.IMAGES_DIR.iterdir()) if d.is_dir() and d not in expected]
