@@ -25,12 +25,22 @@ from builder.yamlsource import FieldPath, SourceMap, dotted, load
 
 DEFAULT_MATRIX = Path("matrix.yaml")
 
-Version = Annotated[str, Field(pattern=r"^\d+(\.\d+)+$")]
-Cuda = Annotated[str, Field(pattern=r"^(cpu|\d+\.\d+)$")]
-Name = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")]
-Digest = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9./:_-]*@sha256:[0-9a-f]{64}$")]
-HttpUrl = Annotated[str, Field(pattern=r"^https?://\S+$")]
-Loopback = Annotated[str, Field(pattern=r"^127\.\d+\.\d+\.\d+:\d+$")]
+# Each pattern with what to write instead, for error messages.
+PATTERNS = {
+    "version": (r"^\d+(\.\d+)+$", 'a version such as "2.15.0"'),
+    "cuda": (r"^(cpu|\d+\.\d+)$", 'a CUDA version such as "12.8", or "cpu"'),
+    "name": (r"^[a-z0-9][a-z0-9._-]*$", "a lower-case name (letters, digits, '.', '_', '-')"),
+    "digest": (r"^[a-z0-9][a-z0-9./:_-]*@sha256:[0-9a-f]{64}$", "an image pinned by digest: name:tag@sha256:<64 hex>"),
+    "url": (r"^https?://\S+$", "an http:// or https:// URL"),
+    "loopback": (r"^127\.\d+\.\d+\.\d+:\d+$", 'a loopback address such as "127.0.0.1:8741"'),
+}
+HINTS = dict(PATTERNS.values())
+Version = Annotated[str, Field(pattern=PATTERNS["version"][0])]
+Cuda = Annotated[str, Field(pattern=PATTERNS["cuda"][0])]
+Name = Annotated[str, Field(pattern=PATTERNS["name"][0])]
+Digest = Annotated[str, Field(pattern=PATTERNS["digest"][0])]
+HttpUrl = Annotated[str, Field(pattern=PATTERNS["url"][0])]
+Loopback = Annotated[str, Field(pattern=PATTERNS["loopback"][0])]
 
 
 class Strict(BaseModel):
@@ -160,14 +170,7 @@ def _schema_error(error: dict[str, Any], source: SourceMap) -> UserError:
             )
     if kind == "string_pattern_mismatch":
         pattern = error.get("ctx", {}).get("pattern", "")
-        expected = {
-            Version.__metadata__[0].pattern: 'a version such as "2.15.0"',  # type: ignore[attr-defined]
-            Cuda.__metadata__[0].pattern: 'a CUDA version such as "12.8", or "cpu"',  # type: ignore[attr-defined]
-            Digest.__metadata__[0].pattern: "an image pinned by digest: name:tag@sha256:<64 hex>",  # type: ignore[attr-defined]
-            Loopback.__metadata__[0].pattern: 'a loopback address such as "127.0.0.1:8741"',  # type: ignore[attr-defined]
-            HttpUrl.__metadata__[0].pattern: "an http:// or https:// URL",  # type: ignore[attr-defined]
-            Name.__metadata__[0].pattern: "a lower-case name (letters, digits, '.', '_', '-')",  # type: ignore[attr-defined]
-        }.get(pattern, f"text matching {pattern}")
+        expected = HINTS.get(pattern, f"text matching {pattern}")
         return UserError(f"{raw or error.get('input')!r} is not valid; write {expected}", source.location(where), field_name)
     return UserError(f"{error['msg'].lower()} (got {raw or error.get('input')!r})", source.location(where), field_name)
 
@@ -408,6 +411,14 @@ def expand(spec: MatrixSpec, source: SourceMap, wheels: TorchWheels) -> tuple[li
 def _check_cells(cells: list[Cell], spec: MatrixSpec, source: SourceMap) -> None:
     if not cells:
         raise UserError("the matrix makes no buildable cell; add axes or include entries", source.location(()))
+    flagships = [cell for cell in cells if cell.flagship]
+    if len(flagships) != 1:
+        found = ", ".join(c.name for c in flagships) or "none"
+        raise UserError(
+            f"must match exactly one buildable cell, matches {found}; name torch, cuda, base and flavor",
+            source.location(("flagship",)),
+            "flagship",
+        )
     owners: dict[str, str] = {}
     for cell in cells:
         for tag in (cell.tag, *cell.aliases):
@@ -420,14 +431,6 @@ def _check_cells(cells: list[Cell], spec: MatrixSpec, source: SourceMap) -> None
                     dotted(where),
                 )
             owners[tag] = cell.name
-    flagships = [cell for cell in cells if cell.flagship]
-    if len(flagships) != 1:
-        found = ", ".join(c.name for c in flagships) or "none"
-        raise UserError(
-            f"must match exactly one buildable cell, matches {found}; name torch, cuda, base and flavor",
-            source.location(("flagship",)),
-            "flagship",
-        )
 
 
 def expand_env(text: str) -> str:

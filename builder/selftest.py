@@ -106,7 +106,7 @@ def check_environment(ctx: Context) -> Metrics:
     mismatches = []
     if expected:
         locked = expected.get("locked", {})
-        if locked.get("torch") and locked["torch"] != metrics["torch"]:
+        if locked.get("torch") and not _same_torch(metrics["torch"], locked["torch"]):
             mismatches.append(f"torch {metrics['torch']} != {locked['torch']}")
         if locked.get("cuda") and locked["cuda"] != metrics["cuda"]:
             mismatches.append(f"CUDA {metrics['cuda']} != {locked['cuda']}")
@@ -129,6 +129,11 @@ def check_environment(ctx: Context) -> Metrics:
     if mismatches:
         raise Failure("; ".join(mismatches))
     return metrics
+
+
+def _same_torch(running: str, locked: str) -> bool:
+    """PyPI's CUDA wheels report a local tag (2.15.0+cu132) their metadata version lacks (2.15.0)."""
+    return running == locked if "+" in locked else running.split("+")[0] == locked
 
 
 def _cudnn_number(version: str) -> int:

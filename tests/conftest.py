@@ -1,0 +1,60 @@
+"""Shared fixtures: a small matrix and a torch wheel table built from synthetic metadata."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from builder.compat import TorchBuild, TorchWheels, build_from_metadata
+from builder.pypi import WheelFile
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def wheel(filename: str, requires_python: str = ">=3.9") -> WheelFile:
+    return WheelFile(filename=filename, url=f"https://files.example/{filename}", sha256=None, requires_python=requires_python)
+
+
+def torch_build(version: str, pythons: list[str], floor: str, requires: list[str]) -> TorchBuild:
+    wheels = [
+        wheel(f"torch-{version}-cp{p.replace('.', '')}-cp{p.replace('.', '')}-manylinux_{floor.replace('.', '_')}_x86_64.whl")
+        for p in pythons
+    ]
+    return build_from_metadata(version, wheels, requires)
+
+
+CU124 = [
+    'nvidia-cuda-runtime-cu12==12.4.127; platform_system == "Linux"',
+    'nvidia-cudnn-cu12==9.1.0.70; platform_system == "Linux"',
+    'nvidia-nccl-cu12==2.21.5; platform_system == "Linux"',
+    'triton==3.2.0; platform_system == "Linux"',
+]
+CU128 = [
+    'nvidia-cuda-runtime-cu12==12.8.90; platform_system == "Linux"',
+    'nvidia-cudnn-cu12==9.10.2.21; platform_system == "Linux"',
+    'nvidia-nccl-cu12==2.27.5; platform_system == "Linux"',
+    'triton==3.5.1; platform_system == "Linux"',
+]
+
+
+@pytest.fixture
+def wheels() -> TorchWheels:
+    return TorchWheels(
+        {
+            "pypi": {
+                "2.6.0": torch_build("2.6.0", ["3.9", "3.10", "3.11", "3.12", "3.13"], "2.17", CU124),
+                "2.9.1": torch_build("2.9.1", ["3.10", "3.11", "3.12", "3.13", "3.14"], "2.28", CU128),
+            },
+            "local-cpu": {
+                "2.13.0+cpu": torch_build("2.13.0+cpu", ["3.11"], "2.28", ["filelock", "sympy>=1.13.3"]),
+            },
+        }
+    )
+
+
+@pytest.fixture
+def matrix_file(tmp_path: Path) -> Path:
+    path = tmp_path / "matrix.yaml"
+    path.write_text((FIXTURES / "matrix.yaml").read_text())
+    return path

@@ -1,0 +1,179 @@
+"""A real cell built on the real engine: what users get when they run or extend it."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import functools
+import hashlib
+import http.server
+import io
+import json
+import threading
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from builder import lock, smoke
+from tests.integration.conftest import BuiltCell
+
+pytestmark = pytest.mark.integration
+
+
+def test_torch_imports_and_a_compiled_function_runs_inside_the_image(built: BuiltCell) -> None:
+    program = (
+        "import torch\n"
+        "f = torch.compile(lambda x: torch.sin(x) * 2 + x.cos())\n"
+        "x = torch.randn(64)\n"
+        "assert torch.allclose(f(x), torch.sin(x) * 2 + x.cos(), atol=1e-5)\n"
+        "print(torch.__version__)\n"
+    )
+    assert built.run("python", "-c", program).strip() == built.cell.torch.version
+
+
+def test_the_self_test_passes_and_its_report_is_kept_under_the_image_id(smoke_result: smoke.SmokeResult, built: BuiltCell) -> None:
+    assert smoke_result.status == "pass", smoke_result.summary
+    checks = {c["check"]: c["status"] for c in smoke_result.report["checks"]}
+    assert checks == {
+        "environment": "pass",
+        "torch.compile": "pass",
+        "amp": "pass",
+        "sdpa": "pass",
+        "throughput": "pass",
+        "distributed": "pass",
+    }
+    assert smoke.passing_report(built.image_id) is not None
+    assert smoke_result.path == smoke.report_path(built.image_id)
+
+
+def test_labels_carry_the_versions_the_lock_resolved(built: BuiltCell) -> None:
+    labels = built.client.images.get(built.image_id).labels
+    facts = lock.lock_facts(lock.Lockfile.read(lock.cell_dir(built.cell) / lock.STACK_LOCK))
+    assert labels["io.torch-images.torch"] == facts["torch"] == built.cell.torch.version
+    assert labels["io.torch-images.cuda"] == facts["cuda"]
+    assert labels["io.torch-images.python"] == built.cell.python
+    assert labels["io.torch-images.glibc"] == built.cell.base.glibc
+    assert labels["org.opencontainers.image.version"] == built.cell.tag
+
+
+def test_the_image_installs_exactly_the_locked_versions(built: BuiltCell) -> None:
+    frozen = lock.parse_requirements(built.run("pip", "freeze", "--all", "--exclude", "pip"))
+    locked = lock.Lockfile.read(lock.cell_dir(built.cell) / lock.STACK_LOCK).packages
+    assert {name: frozen[name].version for name in locked if name in frozen} == {
+        name: package.version for name, package in locked.items()
+    }
+
+
+def test_no_wheel_file_pip_cache_or_host_certificate_is_left_in_the_image(built: BuiltCell) -> None:
+    # Debian's python3-venv ships pip's own wheels for ensurepip; anything else is ours and leaked.
+    found = built.run(
+        "sh",
+        "-c",
+        "find / -xdev \\( -name '*.whl' -o -path '*/.cache/pip' -o -path '/root/.cache' \\) -print 2>/dev/null"
+        " | while read -r path; do dpkg -S \"$path\" >/dev/null 2>&1 || echo \"$path\"; done",
+    )
+    assert found.strip() == "", f"files no Debian package owns: {found}"
+    host_bundle = Path("/etc/ssl/certs/ca-certificates.crt")
+    if host_bundle.exists():
+        inside = built.run("sh", "-c", "cat /etc/ssl/certs/ca-certificates.crt 2>/dev/null || true")
+        assert hashlib.sha256(inside.encode()).hexdigest() != hashlib.sha256(host_bundle.read_bytes()).hexdigest()
+
+
+def test_the_virtual_environment_is_on_path_for_from_users(built: BuiltCell) -> None:
+    assert built.run("sh", "-c", "for c in python pip torch-selftest; do command -v $c; done").split() == [
+        "/opt/venv/bin/python",
+        "/opt/venv/bin/pip",
+        "/opt/venv/bin/torch-selftest",
+    ]
+
+
+def test_each_cuda_and_cudnn_library_exists_at_most_once(built: BuiltCell) -> None:
+    listing = built.run("sh", "-c", "find / -xdev -type f \\( -name 'libcudart.so*' -o -name 'libcudnn*.so*' -o -name 'libcublas*.so*' -o -name 'libnccl.so*' \\) 2>/dev/null")
+    names = [Path(p).name for p in listing.split()]
+    assert len(names) == len(set(names)), f"duplicated CUDA libraries: {sorted(names)}"
+    if built.cell.is_cuda:
+        assert any(n.startswith("libcudnn") for n in names)
+
+
+# ---------------------------------------------------------------- downstream safety
+
+
+def _wheel(name: str, version: str, requires: list[str]) -> tuple[str, bytes]:
+    """A minimal valid wheel: enough for pip to resolve and install it."""
+    dist_info = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": f"__version__ = '{version}'\n".encode(),
+        f"{dist_info}/METADATA": (
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
+        ).encode(),
+        f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    rows = io.StringIO()
+    writer = csv.writer(rows)
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        writer.writerow([path, f"sha256={digest}", len(data)])
+    writer.writerow([f"{dist_info}/RECORD", "", ""])
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for path, data in files.items():
+            archive.writestr(path, data)
+        archive.writestr(f"{dist_info}/RECORD", rows.getvalue())
+    return f"{name}-{version}-py3-none-any.whl", buffer.getvalue()
+
+
+@pytest.fixture
+def tempting_index(tmp_path: Path) -> Iterator[str]:
+    """A loopback index offering a newer 'torch' and a package that wants the newest torch."""
+    for name, version, requires in [("torch", "99.0.0", []), ("needs_torch", "1.0", ["torch>=2"])]:
+        filename, data = _wheel(name, version, requires)
+        (tmp_path / filename).write_bytes(data)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    handler.log_message = lambda *args: None  # type: ignore[method-assign, assignment]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+
+
+def _downstream_torch_version(built: BuiltCell, index: str, tmp_path: Path, extra_env: str) -> str:
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {built.image_id}\n"
+        f"RUN {extra_env} pip install --no-index --find-links {index} --upgrade --upgrade-strategy eager needs_torch\n"
+        "CMD [\"python\", \"-c\", \"import torch, needs_torch; print(torch.__version__)\"]\n"
+    )
+    image, _ = built.client.images.build(path=str(tmp_path), network_mode="host", rm=True, forcerm=True)
+    try:
+        output: bytes = built.client.containers.run(image.id, remove=True, network_mode="none")
+        return output.decode().strip()
+    finally:
+        built.client.images.remove(image.id, force=True)
+
+
+def test_downstream_pip_install_cannot_replace_the_locked_torch(built: BuiltCell, tempting_index: str, tmp_path: Path) -> None:
+    (tmp_path / "guarded").mkdir()
+    assert _downstream_torch_version(built, tempting_index, tmp_path / "guarded", "") == built.cell.torch.version
+    # Control: with the image's constraints switched off the same install does replace torch,
+    # so the check above is the constraints at work and not pip being lazy.
+    (tmp_path / "unguarded").mkdir()
+    assert _downstream_torch_version(built, tempting_index, tmp_path / "unguarded", "PIP_CONSTRAINT=") == "99.0.0"
+
+
+def test_a_from_build_of_the_image_runs_torch(built: BuiltCell, tmp_path: Path) -> None:
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {built.image_id}\nRUN python -c \"import torch; print(torch.ones(2).sum().item())\" > /answer\n"
+    )
+    image, _ = built.client.images.build(path=str(tmp_path), rm=True, forcerm=True, network_mode="none")
+    try:
+        assert built.client.containers.run(image.id, ["cat", "/answer"], remove=True).decode().strip() == "2.0"
+    finally:
+        built.client.images.remove(image.id, force=True)
+
+
+def test_report_json_is_what_the_image_printed(smoke_result: smoke.SmokeResult) -> None:
+    stored = json.loads(smoke_result.path.read_text())
+    assert stored["image_id"] == smoke_result.image_id and stored["status"] == smoke_result.report["status"]
+

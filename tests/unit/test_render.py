@@ -1,0 +1,72 @@
+"""Rendering: golden Dockerfiles per flavor, headers, and drift detection."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from builder import lock, render
+from builder.compat import TorchWheels
+from builder.matrix import Matrix, load_matrix
+from tests.unit.test_lock import LOCK_TEXT
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+NUMPY = "numpy==2.4.6 --hash=sha256:" + "c" * 64 + "\n"
+
+
+@pytest.fixture
+def grid(tmp_path: Path, matrix_file: Path, wheels: TorchWheels, monkeypatch: pytest.MonkeyPatch) -> Matrix:
+    monkeypatch.setattr(lock, "IMAGES_DIR", tmp_path / "images")
+    grid = load_matrix(matrix_file, wheels)
+    for cell in grid.cells:
+        directory = lock.cell_dir(cell)
+        directory.mkdir(parents=True)
+        (directory / lock.STACK_LOCK).write_text(LOCK_TEXT.replace("torch==2.9.1", f"torch=={cell.torch.version}") + NUMPY)
+        if cell.flavor == "devel":
+            (directory / lock.FLAVOR_LOCK).write_text("py-spy==0.4.3 --hash=sha256:" + "d" * 64 + "\n")
+    return grid
+
+
+@pytest.mark.parametrize("name", ["2.9.1-cu12.8-bookworm-runtime", "2.9.1-cu12.8-bookworm-devel"])
+def test_rendered_dockerfile_matches_the_golden_file(grid: Matrix, name: str) -> None:
+    text = render.rendered(grid.cell(name), grid)[lock.cell_dir(grid.cell(name)) / "Dockerfile"]
+    golden = GOLDEN / f"{name}.Dockerfile"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        golden.write_text(text)
+    assert text == golden.read_text()
+
+
+def test_every_generated_file_says_it_is_generated(grid: Matrix) -> None:
+    for cell in grid.cells:
+        for path, text in render.rendered(cell, grid).items():
+            assert render.NOTICE in text.splitlines()[0] or render.NOTICE in text[:200], path
+
+
+def test_layers_are_shared_by_cells_that_differ_only_in_flavor(grid: Matrix) -> None:
+    runtime = render.rendered(grid.cell("2.9.1-cu12.8-bookworm-runtime"), grid)
+    devel = render.rendered(grid.cell("2.9.1-cu12.8-bookworm-devel"), grid)
+    runtime_lines = next(iter(runtime.values())).split("# ---- flavor")[0].splitlines()[4:]
+    devel_lines = next(iter(devel.values())).split("# ---- flavor")[0].splitlines()[4:]
+    strip = [line.replace("devel", "runtime") for line in devel_lines]
+    assert [line for line in runtime_lines if "COPY images/" not in line] == [
+        line for line in strip if "COPY images/" not in line
+    ]
+
+
+def test_drift_is_reported_after_a_hand_edit_and_cleared_by_render(grid: Matrix) -> None:
+    assert len(render.drift(grid.cells, grid)) == 2 * len(grid.cells)  # nothing rendered yet
+    render.render(grid.cells, grid)
+    assert render.drift(grid.cells, grid) == []
+    dockerfile = lock.cell_dir(grid.cells[0]) / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text() + "RUN echo hand edit\n")
+    assert render.drift(grid.cells, grid) == [f"{dockerfile} differs from a fresh render"]
+
+
+def test_render_without_a_lock_says_to_lock_first(grid: Matrix) -> None:
+    cell = grid.cells[0]
+    (lock.cell_dir(cell) / lock.STACK_LOCK).unlink()
+    assert render.drift([cell], grid) == [
+        f"{lock.cell_dir(cell) / lock.STACK_LOCK} is missing; run `python -m builder lock {cell.name}` first"
+    ]

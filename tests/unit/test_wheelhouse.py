@@ -1,0 +1,143 @@
+"""The wheelhouse: hash verification, content addressing, concurrency, wheel choice, serving."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import http.server
+import threading
+import urllib.request
+import zipfile
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from builder import lock, wheelhouse
+from builder.compat import TorchWheels
+from builder.errors import UserError
+from builder.matrix import load_matrix
+
+
+def make_wheel(directory: Path, filename: str, payload: bytes = b"x") -> str:
+    path = directory / filename
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("payload.txt", payload)
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def file_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A real HTTP server on loopback serving a directory, like an index's file host."""
+    root = tmp_path / "served"
+    root.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *args: None  # type: ignore[method-assign, assignment]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/", root
+    server.shutdown()
+    server.server_close()
+
+
+def test_fetch_stores_a_verified_file_under_its_hash_and_downloads_it_once(tmp_path: Path, file_server: tuple[str, Path]) -> None:
+    url, root = file_server
+    digest = make_wheel(root, "demo-1.0-py3-none-any.whl")
+    house = wheelhouse.Wheelhouse(tmp_path / "house")
+    ref = wheelhouse.WheelRef("demo", "demo-1.0-py3-none-any.whl", url + "demo-1.0-py3-none-any.whl", digest)
+    first = house.fetch(ref)
+    assert first == house.root / "sha256" / digest[:2] / digest / "demo-1.0-py3-none-any.whl"
+    assert hashlib.sha256(first.read_bytes()).hexdigest() == digest
+    downloaded = house.bytes_downloaded
+    assert downloaded == first.stat().st_size
+    house.fetch(ref)
+    assert house.bytes_downloaded == downloaded
+
+
+def test_a_file_whose_hash_does_not_match_is_refused_and_not_stored(tmp_path: Path, file_server: tuple[str, Path]) -> None:
+    url, root = file_server
+    actual = make_wheel(root, "demo-1.0-py3-none-any.whl")
+    house = wheelhouse.Wheelhouse(tmp_path / "house")
+    expected = "0" * 64
+    ref = wheelhouse.WheelRef("demo", "demo-1.0-py3-none-any.whl", url + "demo-1.0-py3-none-any.whl", expected)
+    with pytest.raises(UserError) as caught:
+        house.fetch(ref)
+    assert caught.value.line() == (
+        f"demo-1.0-py3-none-any.whl: sha256 mismatch, expected {expected}, got {actual}; refusing it, nothing built"
+    )
+    assert not list((house.root / "sha256").rglob("*.whl")) and not list((house.root / "sha256").rglob(".part-*"))
+
+
+def test_concurrent_fetches_of_one_file_share_the_cache_safely(tmp_path: Path, file_server: tuple[str, Path]) -> None:
+    url, root = file_server
+    digest = make_wheel(root, "big-1.0-py3-none-any.whl", b"y" * 5_000_000)
+    ref = wheelhouse.WheelRef("big", "big-1.0-py3-none-any.whl", url + "big-1.0-py3-none-any.whl", digest)
+    houses = [wheelhouse.Wheelhouse(tmp_path / "house") for _ in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        paths = list(pool.map(lambda h: h.fetch(ref), houses))
+    assert len(set(paths)) == 1 and hashlib.sha256(paths[0].read_bytes()).hexdigest() == digest
+    assert sum(h.bytes_downloaded for h in houses) == paths[0].stat().st_size  # downloaded once
+
+
+def test_the_wheel_chosen_fits_the_cells_python_and_glibc_and_a_locked_hash(
+    tmp_path: Path, matrix_file: Path, wheels: TorchWheels
+) -> None:
+    links = tmp_path / "links"
+    links.mkdir()
+    fits = make_wheel(links, "fastlib-1.0-cp311-cp311-manylinux_2_28_x86_64.whl", b"311")
+    other_python = make_wheel(links, "fastlib-1.0-cp312-cp312-manylinux_2_28_x86_64.whl", b"312")
+    too_new_glibc = make_wheel(links, "fastlib-1.0-cp311-cp311-manylinux_2_39_x86_64.whl", b"239")
+    make_wheel(links, "fastlib-1.0-py3-none-any.whl", b"unlocked")  # fits, but no locked hash
+    matrix_file.write_text(matrix_file.read_text().replace('{url: "https://pypi.org/simple"}', f'{{find_links: ["{links}"]}}'))
+    grid = load_matrix(matrix_file, wheels)
+    cell = grid.cell("2.9.1-cu12.8-bookworm-runtime")
+    lock_path = tmp_path / "requirements.lock"
+    lock_path.write_text(
+        f"fastlib==1.0 --hash=sha256:{fits} --hash=sha256:{other_python} --hash=sha256:{too_new_glibc}\n"
+    )
+    refs = wheelhouse.Wheelhouse(tmp_path / "house").refs(cell, grid, lock.Lockfile.read(lock_path))
+    assert [(r.filename, r.sha256) for r in refs] == [("fastlib-1.0-cp311-cp311-manylinux_2_28_x86_64.whl", fits)]
+
+
+def test_a_locked_package_without_a_fitting_wheel_is_one_clear_error(
+    tmp_path: Path, matrix_file: Path, wheels: TorchWheels
+) -> None:
+    links = tmp_path / "links"
+    links.mkdir()
+    other = make_wheel(links, "fastlib-1.0-cp312-cp312-manylinux_2_28_x86_64.whl")
+    matrix_file.write_text(matrix_file.read_text().replace('{url: "https://pypi.org/simple"}', f'{{find_links: ["{links}"]}}'))
+    grid = load_matrix(matrix_file, wheels)
+    lock_path = tmp_path / "requirements.lock"
+    lock_path.write_text(f"fastlib==1.0 --hash=sha256:{other}\n")
+    with pytest.raises(UserError, match="no wheel of fastlib==1.0 with a locked hash fits Python 3.11 on glibc 2.36"):
+        wheelhouse.Wheelhouse(tmp_path / "house").refs(grid.cell("2.9.1-cu12.8-bookworm-runtime"), grid, lock.Lockfile.read(lock_path))
+
+
+def test_served_page_links_each_file_with_its_hash_and_a_second_server_reuses_the_first(
+    tmp_path: Path, file_server: tuple[str, Path]
+) -> None:
+    url, root = file_server
+    digest = make_wheel(root, "demo-1.0-py3-none-any.whl")
+    house = wheelhouse.Wheelhouse(tmp_path / "house")
+    ref = wheelhouse.WheelRef("demo", "demo-1.0-py3-none-any.whl", url + "demo-1.0-py3-none-any.whl", digest)
+    house.fetch(ref)
+    lock_path = tmp_path / "requirements.lock"
+    lock_path.write_text(f"demo==1.0 --hash=sha256:{digest}\n")
+    page = house.publish_page(lock.Lockfile.read(lock_path), [ref])
+    with wheelhouse.serve(house, "127.0.0.1:18741") as base, wheelhouse.serve(house, "127.0.0.1:18741") as again:
+        assert base == again == "http://127.0.0.1:18741/"
+        html = urllib.request.urlopen(base + page, timeout=5).read().decode()
+        assert f"#sha256={digest}" in html
+        href = html.split('href="')[1].split("#")[0]
+        body = urllib.request.urlopen(base + page + href, timeout=5).read()
+        assert hashlib.sha256(body).hexdigest() == digest
+
+
+def test_a_port_held_by_something_else_is_a_clear_error(tmp_path: Path, file_server: tuple[str, Path]) -> None:
+    url, _ = file_server
+    port = url.rsplit(":", 1)[1].strip("/")
+    with pytest.raises(UserError, match=f"cannot serve the wheelhouse on 127.0.0.1:{port}"), wheelhouse.serve(
+        wheelhouse.Wheelhouse(tmp_path / "house"), f"127.0.0.1:{port}"
+    ):
+        pass
