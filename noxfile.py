@@ -12,7 +12,6 @@ import nox
 
 nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
-PYTHON = "3.11"
 
 
 def _install(session: nox.Session, *extras: str) -> None:
@@ -25,14 +24,14 @@ def _ensure_engine(session: nox.Session) -> None:
     session.run("python", "-m", "builder", "engine", "--install")
 
 
-@nox.session(python=PYTHON)
+@nox.session
 def engine(session: nox.Session) -> None:
     """Install (as root, with apt) and start a Docker engine if none answers."""
     _install(session)
     _ensure_engine(session)
 
 
-@nox.session(python=PYTHON)
+@nox.session
 def build(session: nox.Session) -> None:
     """Build the flagship image, or the cells named after `--` (or `-- --all`), then self-test each."""
     _install(session)
@@ -40,21 +39,21 @@ def build(session: nox.Session) -> None:
     session.run("python", "-m", "builder", "build", *session.posargs)
 
 
-@nox.session(python=PYTHON)
+@nox.session
 def smoke(session: nox.Session) -> None:
     """Run the in-image self-test on built cells or images (`-- CELL|IMAGE ...`)."""
     _install(session)
     session.run("python", "-m", "builder", "smoke", *session.posargs)
 
 
-@nox.session(python=PYTHON)
+@nox.session
 def publish(session: nox.Session) -> None:
     """Push cells whose self-test passed for that exact image ID (`-- CELL ...`)."""
     _install(session)
     session.run("python", "-m", "builder", "publish", *session.posargs)
 
 
-@nox.session(python=PYTHON)
+@nox.session
 def tests(session: nox.Session) -> None:
     """Unit tests, drift checks, and integration tests against the real engine and registry."""
     _install(session, "test")
@@ -64,7 +63,7 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", *(session.posargs or ["tests"]), env={"PYTHONUNBUFFERED": "1"})
 
 
-@nox.session(python=PYTHON)
+@nox.session
 def lint(session: nox.Session) -> None:
     """ruff and mypy."""
     _install(session, "lint")
@@ -73,7 +72,7 @@ def lint(session: nox.Session) -> None:
     session.run("mypy", "builder")
 
 
-@nox.session(python=PYTHON)
+@nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks, ratios side by side in one run (targets in README)."""
     _install(session)
@@ -81,7 +80,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "builder.bench", *session.posargs, env={"PYTHONUNBUFFERED": "1"})
 
 
-@nox.session(python=PYTHON)
+@nox.session
 def repro(session: nox.Session) -> None:
     """Build a cell twice without cache and compare image IDs and layers (`-- CELL`)."""
     _install(session)

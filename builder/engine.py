@@ -14,6 +14,8 @@ import docker.errors
 from builder.errors import UserError
 
 DOCKERD_LOG = Path("/var/log/torch-images-dockerd.log")
+# Program -> Debian package that a fresh host needs for builds (the engine, the base bootstrap).
+HOST_TOOLS = {"dockerd": "docker.io", "mmdebstrap": "mmdebstrap"}
 
 
 def socket_name() -> str:
@@ -42,27 +44,28 @@ def answers() -> bool:
 
 
 def ensure_running(install: bool) -> str:
-    """Start (and with install, first install) a Docker engine when none answers.
+    """Install what a fresh host lacks (with install, as root, with apt) and start dockerd if none answers.
 
-    Only as root on a Debian-like host: it runs `apt-get install docker.io` and starts dockerd
-    in the background, logging to DOCKERD_LOG. Returns what it did, for the caller to print.
+    Installs Debian's docker.io and mmdebstrap when missing, and starts dockerd in the
+    background, logging to DOCKERD_LOG. Returns what it did, for the caller to print.
     """
-    if answers():
-        return "a Docker engine already answers"
-    if os.geteuid() != 0:
-        raise UserError(f"no Docker engine answers at {socket_name()} and this is not root; start dockerd yourself")
     did = []
-    if shutil.which("dockerd") is None:
-        if not install or shutil.which("apt-get") is None:
-            raise UserError("dockerd is not installed; install Debian's docker.io (apt-get install docker.io)")
+    missing = [package for program, package in HOST_TOOLS.items() if shutil.which(program) is None]
+    if missing and install and os.geteuid() == 0 and shutil.which("apt-get"):
         subprocess.run(["apt-get", "update", "-q"], check=True, stdout=subprocess.DEVNULL)
         subprocess.run(
-            ["apt-get", "install", "-y", "-q", "docker.io"],
+            ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
             check=True,
             stdout=subprocess.DEVNULL,
             env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
         )
-        did.append("installed Debian's docker.io")
+        did.append(f"installed {', '.join(missing)} with apt-get")
+    if answers():
+        return "; ".join([*did, "a Docker engine answers"])
+    if os.geteuid() != 0:
+        raise UserError(f"no Docker engine answers at {socket_name()} and this is not root; start dockerd yourself")
+    if shutil.which("dockerd") is None:
+        raise UserError("dockerd is not installed; install Debian's docker.io (apt-get install docker.io)")
     with DOCKERD_LOG.open("ab") as log:
         subprocess.Popen(["dockerd"], stdout=log, stderr=log, start_new_session=True)
     for _ in range(60):
