@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from builder import build, compat, engine, lock, matrix, render, smoke, wheelhouse
+from builder import build, compat, engine, lock, matrix, publish, render, smoke, wheelhouse
 from builder.errors import EXIT_USER_ERROR, UserError
 
 console = Console(stderr=True)
@@ -150,6 +150,17 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_publish(args: argparse.Namespace) -> int:
+    grid = _matrix(args)
+    if args.registry:
+        grid.spec = grid.spec.model_copy(update={"registry": args.registry})
+    items = publish.publish(engine.client(), grid, _cells(args, grid), lambda text: console.print(text))
+    for item in items:
+        state = "unchanged" if item.unchanged and not item.moved_aliases else "published"
+        console.print(f"{item.cell.name}: {state} {grid.spec.registry}/{grid.spec.repository}:{item.cell.tag} {item.digest}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m builder", description=__doc__)
     parser.add_argument("--matrix", default=str(matrix.DEFAULT_MATRIX), help="matrix file (default: ./matrix.yaml)")
@@ -175,6 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
     build_cmd.add_argument("--no-cache", action="store_true")
     build_cmd.add_argument("--no-smoke", action="store_true", help="skip the self-test (the image cannot be published)")
     build_cmd.set_defaults(func=cmd_build)
+
+    publish_cmd = commands.add_parser("publish", help="push cells whose self-test passed (default: the flagship)")
+    publish_cmd.add_argument("cells", nargs="*")
+    publish_cmd.add_argument("--all", action="store_true")
+    publish_cmd.add_argument("--registry", help="override matrix.yaml's registry (host:port)")
+    publish_cmd.set_defaults(func=cmd_publish)
 
     smoke_cmd = commands.add_parser("smoke", help="run the in-image self-test on cells or images")
     smoke_cmd.add_argument("targets", nargs="*", help="cell names or image references (default: the flagship)")

@@ -30,6 +30,7 @@ ENV VIRTUAL_ENV=/opt/venv \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1
 RUN python3 -m venv /opt/venv
+COPY templates/scripts/hardlink-duplicates.py /opt/torch-images/hardlink-duplicates.py
 
 # ---- torch stack: exactly the files requirements.lock names, verified by sha256 ---------
 # Wheels come from the host's wheelhouse over loopback (build with host networking): no
@@ -38,7 +39,8 @@ COPY images/2.9.1-cu12.8-bookworm-runtime/requirements.lock /opt/torch-images/re
 RUN pip install --no-index --no-cache-dir --require-hashes --no-deps \
       --find-links http://127.0.0.1:8741/locks/ae1268101eddcc01/ \
       -r /opt/torch-images/requirements.lock \
- && pip freeze --all --exclude pip > /opt/torch-images/constraints.txt
+ && pip freeze --all --exclude pip > /opt/torch-images/constraints.txt \
+ && python /opt/torch-images/hardlink-duplicates.py /opt/venv
 # Downstream `pip install` keeps torch and its CUDA libraries as locked.
 ENV PIP_CONSTRAINT=/opt/torch-images/constraints.txt
 # Lets the NVIDIA container runtime mount the driver (libcuda, nvidia-smi) into containers.

@@ -89,10 +89,27 @@ def test_the_virtual_environment_is_on_path_for_from_users(built: BuiltCell) -> 
     ]
 
 
-def test_each_cuda_and_cudnn_library_exists_at_most_once(built: BuiltCell) -> None:
-    listing = built.run("sh", "-c", "find / -xdev -type f \\( -name 'libcudart.so*' -o -name 'libcudnn*.so*' -o -name 'libcublas*.so*' -o -name 'libnccl.so*' \\) 2>/dev/null")
-    names = [Path(p).name for p in listing.split()]
-    assert len(names) == len(set(names)), f"duplicated CUDA libraries: {sorted(names)}"
+def test_each_cuda_and_cudnn_library_is_stored_once(built: BuiltCell) -> None:
+    # Byte-identical shared libraries must be one file (hard links); no CUDA library may come twice
+    # from two sources (a CUDA base image plus the wheels, say).
+    listing = built.run(
+        "sh",
+        "-c",
+        "find / -xdev -type f -name 'lib*.so*' -size +64k -exec sh -c 'for f; do "
+        "echo $(stat -c %i \"$f\") $(sha256sum \"$f\" | cut -c1-64) \"$f\"; done' _ {} + 2>/dev/null",
+    )
+    inodes_by_digest: dict[str, set[str]] = {}
+    paths_by_digest: dict[str, list[str]] = {}
+    for line in listing.splitlines():
+        inode, digest, path = line.split(" ", 2)
+        inodes_by_digest.setdefault(digest, set()).add(inode)
+        paths_by_digest.setdefault(digest, []).append(path)
+    duplicated = {d: paths_by_digest[d] for d, inodes in inodes_by_digest.items() if len(inodes) > 1}
+    assert duplicated == {}, f"identical libraries stored more than once: {list(duplicated.values())[:3]}"
+    names = [Path(p).name for paths in paths_by_digest.values() for p in paths]
+    for library in ("libcudart.so", "libcudnn.so", "libcublas.so", "libnccl.so"):
+        copies = {n for n in names if n.startswith(library)}
+        assert len({d for d, paths in paths_by_digest.items() if any(Path(p).name in copies for p in paths)}) <= 1, library
     if built.cell.is_cuda:
         assert any(n.startswith("libcudnn") for n in names)
 
