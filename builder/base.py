@@ -78,7 +78,14 @@ def _run_bootstrap(base: BaseImage, epoch: int, rootfs: Path, scratch: Path) -> 
         result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     else:
         target = scratch / "root"
-        command = [tool, f"--variant={base.variant}", f"--components={components}", base.suite, str(target), base.mirror]
+        command = [
+            tool,
+            f"--variant={base.variant}",
+            f"--components={components}",
+            base.suite,
+            str(target),
+            base.mirror,
+        ]
         result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
         if result.returncode == 0:
             subprocess.run(

@@ -8,6 +8,7 @@ steps reach the wheelhouse on loopback; wheel files never enter the build contex
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Callable
@@ -64,7 +65,7 @@ def build_cell(
     house.prepare(cell, grid, lock.read_locks(cell))
     base_reference = base.ensure(engine, cell.base, grid.spec.source_date_epoch, report)
     with wheelhouse.serve(house, grid.spec.wheelhouse.listen):
-        image_id, error = _stream_build(engine, cell, reference, base_reference, report, no_cache)
+        error = _stream_build(engine, cell, reference, base_reference, report, no_cache)
     result.seconds = time.monotonic() - started
     if error:
         result.status, result.detail = "failed", error
@@ -75,8 +76,14 @@ def build_cell(
 
 
 def _stream_build(
-    engine: docker.DockerClient, cell: Cell, reference: str, base_reference: str, report: Report, no_cache: bool
-) -> tuple[str, str]:
+    engine: docker.DockerClient,
+    cell: Cell,
+    reference: str,
+    base_reference: str,
+    report: Report,
+    no_cache: bool,
+) -> str:
+    """Run the build, reporting each step; returns the engine's error, or "" on success."""
     dockerfile = (lock.cell_dir(cell) / "Dockerfile").as_posix()
     stream = engine.api.build(
         path=str(REPO_ROOT),
@@ -89,23 +96,19 @@ def _stream_build(
         decode=True,
         nocache=no_cache,
     )
-    image_id, last_lines = "", []
+    last_lines: list[str] = []
     for chunk in stream:
         if "error" in chunk:
             tail = " | ".join(line for line in last_lines[-3:] if line)
-            return "", f"{chunk['error'].strip()} ({tail})" if tail else chunk["error"].strip()
-        if "aux" in chunk and "ID" in chunk["aux"]:
-            image_id = chunk["aux"]["ID"]
+            return f"{chunk['error'].strip()} ({tail})" if tail else chunk["error"].strip()
         text = chunk.get("stream", "").strip()
         if text:
             last_lines = [*last_lines[-5:], text]
             if re.match(r"^Step \d+/\d+", text):
                 report(f"{cell.name}: {text[:110]}")
-    return image_id, ""
+    return ""
 
 
 def remove_image(engine: docker.DockerClient, reference: str) -> None:
-    try:
+    with contextlib.suppress(docker.errors.ImageNotFound):
         engine.images.remove(reference, force=True)
-    except docker.errors.ImageNotFound:
-        pass

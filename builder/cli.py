@@ -39,7 +39,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for column in ("cell", "torch", "cuda", "cudnn", "python", "glibc", "base", "flavor", "tag", "status"):
         table.add_column(column, overflow="fold")
     for row in rows:
-        table.add_row(*(str(row.get(k) or "") for k in ("cell", "torch", "cuda", "cudnn", "python", "glibc", "base", "flavor", "tag", "status")))
+        table.add_row(
+            *(
+                str(row.get(k) or "")
+                for k in (
+                    "cell",
+                    "torch",
+                    "cuda",
+                    "cudnn",
+                    "python",
+                    "glibc",
+                    "base",
+                    "flavor",
+                    "tag",
+                    "status",
+                )
+            )
+        )
     Console(width=200).print(table)
     return 0
 
@@ -121,7 +137,9 @@ def cmd_build(args: argparse.Namespace) -> int:
             if verdict.status != "pass":
                 result.status = "failed: self-test"
         results.append(result)
-        console.print(f"{cell.name}: {result.status} ({result.detail})" if result.detail else f"{cell.name}: {result.status}")
+        console.print(
+            f"{cell.name}: {result.status} ({result.detail})" if result.detail else f"{cell.name}: {result.status}"
+        )
     table = Table(title="build summary")
     for column in ("cell", "tag", "image ID", "size", "build time", "status"):
         table.add_column(column)
@@ -157,7 +175,9 @@ def cmd_publish(args: argparse.Namespace) -> int:
     items = publish.publish(engine.client(), grid, _cells(args, grid), lambda text: console.print(text))
     for item in items:
         state = "unchanged" if item.unchanged and not item.moved_aliases else "published"
-        console.print(f"{item.cell.name}: {state} {grid.spec.registry}/{grid.spec.repository}:{item.cell.tag} {item.digest}")
+        console.print(
+            f"{item.cell.name}: {state} {grid.spec.registry}/{grid.spec.repository}:{item.cell.tag} {item.digest}"
+        )
     return 0
 
 

@@ -144,9 +144,7 @@ class TorchWheels:
         if not path.exists():
             return cls({})
         raw = json.loads(path.read_text())["indexes"]
-        return cls(
-            {index: {v: TorchBuild(**entry) for v, entry in builds.items()} for index, builds in raw.items()}
-        )
+        return cls({index: {v: TorchBuild(**entry) for v, entry in builds.items()} for index, builds in raw.items()})
 
     def save(self, path: Path = TORCH_WHEELS) -> None:
         document = {

@@ -26,7 +26,7 @@ class Location:
 class UserError(Exception):
     """A problem with the user's input, reported as one line."""
 
-    def __init__(self, message: str, where: Location | str | None = None, field: str | None = None) -> None:
+    def __init__(self, message: str, where: Location | Path | str | None = None, field: str | None = None) -> None:
         self.message, self.where, self.field = message, where, field
         super().__init__(self.line())
 

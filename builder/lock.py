@@ -85,7 +85,9 @@ def manylinux_target(glibc: str) -> str:
     return f"x86_64-manylinux_{usable[-1].replace('.', '_')}"
 
 
-def _inputs(cell: Cell, grid: Matrix, requirements: list[str], overrides: list[str], constraints: str) -> dict[str, object]:
+def _inputs(
+    cell: Cell, grid: Matrix, requirements: list[str], overrides: list[str], constraints: str
+) -> dict[str, object]:
     index = grid.index(cell.index)
     return {
         "requirements": requirements,
@@ -139,7 +141,8 @@ def _compile(cell: Cell, grid: Matrix, requirements: list[str], overrides: list[
             directory = expand_env(link)
             if not Path(directory).is_dir():
                 raise UserError(
-                    f"find-links directory {directory} does not exist; set TORCH_WHEEL_DIR or edit indexes.{cell.index}",
+                    f"find-links directory {directory} does not exist; "
+                    f"set TORCH_WHEEL_DIR or edit indexes.{cell.index}",
                     grid.path,
                 )
             command += ["--find-links", directory]
@@ -171,7 +174,9 @@ def lock_cell(cell: Cell, grid: Matrix) -> list[Path]:
             constraints.write(stack_text)
             constraints.flush()
             body = _compile(cell, grid, extras, [], Path(constraints.name))
-        written.append(_write(flavor_path, HEADER.format(fingerprint=flavor_fingerprint(cell, grid, stack_text)) + body))
+        written.append(
+            _write(flavor_path, HEADER.format(fingerprint=flavor_fingerprint(cell, grid, stack_text)) + body)
+        )
     elif flavor_path.exists():
         flavor_path.unlink()
     return written

@@ -30,7 +30,10 @@ PATTERNS = {
     "version": (r"^\d+(\.\d+)+$", 'a version such as "2.15.0"'),
     "cuda": (r"^(cpu|\d+\.\d+)$", 'a CUDA version such as "12.8", or "cpu"'),
     "name": (r"^[a-z0-9][a-z0-9._-]*$", "a lower-case name (letters, digits, '.', '_', '-')"),
-    "digest": (r"^[a-z0-9][a-z0-9./:_-]*@sha256:[0-9a-f]{64}$", "an image pinned by digest: name:tag@sha256:<64 hex>"),
+    "digest": (
+        r"^[a-z0-9][a-z0-9./:_-]*@sha256:[0-9a-f]{64}$",
+        "an image pinned by digest: name:tag@sha256:<64 hex>",
+    ),
     "url": (r"^https?://\S+$", "an http:// or https:// URL"),
     "loopback": (r"^127\.\d+\.\d+\.\d+:\d+$", 'a loopback address such as "127.0.0.1:8741"'),
 }
@@ -159,19 +162,27 @@ def _schema_error(error: dict[str, Any], source: SourceMap) -> UserError:
     kind, field_name = error["type"], dotted(where)
     raw = source.raw.get(where)
     if kind == "extra_forbidden":
-        return UserError(f"unknown key '{where[-1]}'; remove it or check its spelling", source.location(where), field_name)
+        return UserError(
+            f"unknown key '{where[-1]}'; remove it or check its spelling", source.location(where), field_name
+        )
     if kind == "missing":
         return UserError("is required and missing; add it", source.location(where[:-1]), field_name)
     if kind in ("string_type", "string_pattern_mismatch") and raw is not None:
         value = error.get("input")
         if isinstance(value, int | float) and not isinstance(value, bool):
             return UserError(
-                f"{raw} is a number, not a version string; quote it: \"{raw}\"", source.location(where), field_name
+                f'{raw} is a number, not a version string; quote it: "{raw}"',
+                source.location(where),
+                field_name,
             )
     if kind == "string_pattern_mismatch":
         pattern = error.get("ctx", {}).get("pattern", "")
         expected = HINTS.get(pattern, f"text matching {pattern}")
-        return UserError(f"{raw or error.get('input')!r} is not valid; write {expected}", source.location(where), field_name)
+        return UserError(
+            f"{raw or error.get('input')!r} is not valid; write {expected}",
+            source.location(where),
+            field_name,
+        )
     return UserError(f"{error['msg'].lower()} (got {raw or error.get('input')!r})", source.location(where), field_name)
 
 
@@ -194,10 +205,15 @@ def _check_references(spec: MatrixSpec, source: SourceMap) -> None:
     def check(where: FieldPath, kind: str, value: str | None, known: list[str]) -> None:
         if value is not None and value not in known:
             raise UserError(
-                f"unknown {kind} '{value}'; use one of: {', '.join(known)}", source.location(where), dotted(where)
+                f"unknown {kind} '{value}'; use one of: {', '.join(known)}",
+                source.location(where),
+                dotted(where),
             )
 
-    groups: list[tuple[FieldPath, Selector]] = [(("defaults",), spec.defaults), (("flagship",), spec.flagship)]
+    groups: list[tuple[FieldPath, Selector]] = [
+        (("defaults",), spec.defaults),
+        (("flagship",), spec.flagship),
+    ]
     groups += [(("include", i), s) for i, s in enumerate(spec.include)]
     groups += [(("exclude", i), s) for i, s in enumerate(spec.exclude)]
     groups += [(("aliases", i, "where"), a.where) for i, a in enumerate(spec.aliases)]
@@ -214,13 +230,18 @@ def _check_references(spec: MatrixSpec, source: SourceMap) -> None:
         for required in ("torch", "base", "flavor"):
             if getattr(entry, required) is None:
                 raise UserError(
-                    f"an include names a whole cell; add {required}: ...", source.location(("include", i)), f"include[{i}]"
+                    f"an include names a whole cell; add {required}: ...",
+                    source.location(("include", i)),
+                    f"include[{i}]",
                 )
-    for where, template in [(("tag",), spec.tag), *((("aliases", i, "template"), a.template) for i, a in enumerate(spec.aliases))]:
-        for _, name, _, _ in string.Formatter().parse(template):
-            if name and name not in TEMPLATE_FIELDS:
+    for where, template in [
+        (("tag",), spec.tag),
+        *((("aliases", i, "template"), a.template) for i, a in enumerate(spec.aliases)),
+    ]:
+        for _, field_name, _, _ in string.Formatter().parse(template):
+            if field_name and field_name not in TEMPLATE_FIELDS:
                 raise UserError(
-                    f"unknown field {{{name}}}; use: {', '.join('{' + f + '}' for f in TEMPLATE_FIELDS)}",
+                    f"unknown field {{{field_name}}}; use: {', '.join('{' + f + '}' for f in TEMPLATE_FIELDS)}",
                     source.location(where),
                     dotted(where),
                 )
@@ -265,7 +286,8 @@ def _pick_build(selector: Selector, index: str, wheels: TorchWheels) -> TorchBui
     hint = (
         f"set index: {elsewhere[0]}"
         if elsewhere
-        else f"add an index serving that variant (PyTorch's wheel index for cu{selector.cuda.replace('.', '')}) and set index:"
+        else f"add an index serving that variant (PyTorch's wheel index for cu{selector.cuda.replace('.', '')}) "
+        "and set index:"
     )
     return f"torch {torch} on index '{index}' is built for CUDA {actual}, not {selector.cuda}; {hint}"
 
@@ -289,7 +311,8 @@ def _resolve(selector: Selector, spec: MatrixSpec, wheels: TorchWheels, origin: 
         return f"torch {build.version} has no wheel for Python {python} (has {span})"
     floor = build.glibc_floor[python]
     if version_key(floor) > version_key(base.glibc):
-        return f"torch {build.version}'s wheel needs glibc {floor} (manylinux_{floor.replace('.', '_')}), base {base.name} has {base.glibc}"
+        tag = f"manylinux_{floor.replace('.', '_')}"
+        return f"torch {build.version}'s wheel needs glibc {floor} ({tag}), base {base.name} has {base.glibc}"
     cudnn = selector.cudnn
     if cudnn and build.cudnn is None:
         return f"torch {build.version} is a CPU build; it has no cuDNN to set"
@@ -359,18 +382,31 @@ def _axis_selectors(spec: MatrixSpec) -> list[Selector]:
     if spec.axes is None:
         return []
     axes = spec.axes
+    unset: list[str | None] = [None]
     combos = itertools.product(
-        axes.torch, axes.cuda or [None], axes.cudnn or [None], axes.python or [None], axes.base, axes.flavor
+        axes.torch, axes.cuda or unset, axes.cudnn or unset, axes.python or unset, axes.base, axes.flavor
     )
     defaults = spec.defaults.model_dump(exclude_none=True)
     return [
-        Selector(**{**defaults, **{k: v for k, v in zip(("torch", "cuda", "cudnn", "python", "base", "flavor"), combo, strict=True) if v}})
+        Selector(
+            **{
+                **defaults,
+                **{
+                    k: v
+                    for k, v in zip(("torch", "cuda", "cudnn", "python", "base", "flavor"), combo, strict=True)
+                    if v
+                },
+            }
+        )
         for combo in combos
     ]
 
 
 def _provisional_name(selector: Selector) -> str:
-    parts = [selector.torch, selector.cuda and (selector.cuda if selector.cuda == "cpu" else f"cu{selector.cuda}")]
+    parts = [
+        selector.torch,
+        selector.cuda and (selector.cuda if selector.cuda == "cpu" else f"cu{selector.cuda}"),
+    ]
     parts += [selector.cudnn and f"cudnn{selector.cudnn}", selector.python and f"py{selector.python}"]
     parts += [selector.base, selector.flavor]
     return "-".join(p for p in parts if p)
@@ -435,9 +471,7 @@ def _check_cells(cells: list[Cell], spec: MatrixSpec, source: SourceMap) -> None
 
 def expand_env(text: str) -> str:
     """${VAR} and ${VAR:-default} in paths, so a matrix can point at a site's wheel directory."""
-    return re.sub(
-        r"\$\{(\w+)(?::-([^}]*))?\}", lambda m: os.environ.get(m.group(1)) or (m.group(2) or ""), text
-    )
+    return re.sub(r"\$\{(\w+)(?::-([^}]*))?\}", lambda m: os.environ.get(m.group(1)) or (m.group(2) or ""), text)
 
 
 def load_matrix(path: Path = DEFAULT_MATRIX, wheels: TorchWheels | None = None) -> Matrix:

@@ -65,7 +65,8 @@ def gate(engine: docker.DockerClient, grid: Matrix, cells: list[Cell]) -> list[P
         report = smoke.passing_report(image_id)
         if report is None:
             refused.append(
-                f"{cell.name}: no passing self-test for image {image_id[7:19]}; run `python -m builder smoke {cell.name}`"
+                f"{cell.name}: no passing self-test for image {image_id[7:19]}; "
+                f"run `python -m builder smoke {cell.name}`"
             )
             continue
         ready.append(Publication(cell, image_id, report))
@@ -89,7 +90,9 @@ def _engine_push(engine: docker.DockerClient, repository: str, tag: str, auth: d
     return digest
 
 
-def _push_versioned(engine: docker.DockerClient, registry: Registry, grid: Matrix, item: Publication, report: Report) -> None:
+def _push_versioned(
+    engine: docker.DockerClient, registry: Registry, grid: Matrix, item: Publication, report: Report
+) -> None:
     repository = f"{grid.spec.registry}/{grid.spec.repository}"
     tag = item.cell.tag
     current = registry.manifest(grid.spec.repository, tag)
@@ -120,7 +123,11 @@ def _push_versioned(engine: docker.DockerClient, registry: Registry, grid: Matri
 
 
 def _push_metadata(engine: docker.DockerClient, registry: Registry, grid: Matrix, item: Publication) -> None:
-    locks = [p for p in (lock.cell_dir(item.cell) / lock.STACK_LOCK, lock.cell_dir(item.cell) / lock.FLAVOR_LOCK) if p.exists()]
+    locks = [
+        p
+        for p in (lock.cell_dir(item.cell) / lock.STACK_LOCK, lock.cell_dir(item.cell) / lock.FLAVOR_LOCK)
+        if p.exists()
+    ]
     document = sbom.build_sbom(engine, item.image_id, item.cell, locks, item.cell.tag)
     annotations = {"org.opencontainers.image.ref.name": item.cell.tag, "io.torch-images.subject": item.digest}
     registry.push_artifact(
@@ -214,7 +221,8 @@ def update_readme_table(readme: Path = README, records_dir: Path = RECORDS_DIR) 
         selftest = record["selftest"]
         rows.append(
             f"| `{record['repository']}:{tag}` | {', '.join(f'`{a}`' for a in aliases) or '-'} | "
-            f"`{record['digest'][:19]}` | {selftest['status']} ({selftest['passed']}/{selftest['checks']} on {selftest['device']}) |"
+            f"`{record['digest'][:19]}` | {selftest['status']} "
+            f"({selftest['passed']}/{selftest['checks']} on {selftest['device']}) |"
         )
     text = readme.read_text()
     start, end = text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)

@@ -53,7 +53,9 @@ class Registry:
         )
         self.retries, self.backoff_s = retries, backoff_s
 
-    def _request(self, method: str, path: str, headers: dict[str, str] | None = None, data: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
+    def _request(
+        self, method: str, path: str, headers: dict[str, str] | None = None, data: bytes | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
         url = path if path.startswith("http") else self.base + path
         headers = dict(headers or {})
         if self.auth:
@@ -103,7 +105,9 @@ class Registry:
             "PUT", f"{repository}/manifests/{reference}", {"Content-Type": manifest.media_type}, manifest.body
         )
         if status not in (200, 201):
-            raise UserError(f"registry {self.host} refused the manifest for {repository}:{reference} ({status}: {body[:120]!r})")
+            raise UserError(
+                f"registry {self.host} refused the manifest for {repository}:{reference} ({status}: {body[:120]!r})"
+            )
         return headers.get("Docker-Content-Digest", manifest.digest)
 
     def upload_blob(self, repository: str, data: bytes) -> str:
@@ -125,19 +129,27 @@ class Registry:
             raise UserError(f"registry {self.host} did not store a blob ({status})")
         return digest
 
-    def push_artifact(self, repository: str, reference: str, payload: bytes, media_type: str, annotations: dict[str, str]) -> str:
+    def push_artifact(
+        self, repository: str, reference: str, payload: bytes, media_type: str, annotations: dict[str, str]
+    ) -> str:
         """One JSON document as an OCI artifact under its own tag, beside the image it describes."""
         config_digest = self.upload_blob(repository, EMPTY_CONFIG)
         layer_digest = self.upload_blob(repository, payload)
         document = {
             "schemaVersion": 2,
             "mediaType": OCI_MANIFEST,
-            "config": {"mediaType": "application/vnd.oci.empty.v1+json", "digest": config_digest, "size": len(EMPTY_CONFIG)},
+            "config": {
+                "mediaType": "application/vnd.oci.empty.v1+json",
+                "digest": config_digest,
+                "size": len(EMPTY_CONFIG),
+            },
             "layers": [{"mediaType": media_type, "digest": layer_digest, "size": len(payload)}],
             "annotations": annotations,
         }
         body = json.dumps(document, sort_keys=True).encode()
-        return self.put_manifest(repository, reference, Manifest(body, OCI_MANIFEST, "sha256:" + hashlib.sha256(body).hexdigest()))
+        return self.put_manifest(
+            repository, reference, Manifest(body, OCI_MANIFEST, "sha256:" + hashlib.sha256(body).hexdigest())
+        )
 
     def blob(self, repository: str, digest: str) -> bytes:
         status, _, body = self._request("GET", f"{repository}/blobs/{digest}")

@@ -93,7 +93,12 @@ def rendered(cell: Cell, grid: Matrix) -> dict[Path, str]:
     """The files render writes for one cell, by path."""
     values = context(cell, grid)
     dockerfile = _environment().get_template("Dockerfile.j2").render(values)
-    spec = {"_generated": NOTICE, **cell.spec(), "locked": values["facts"], "labels": values["version_labels"]}
+    spec = {
+        "_generated": NOTICE,
+        **cell.spec(),
+        "locked": values["facts"],
+        "labels": values["version_labels"],
+    }
     directory = lock.cell_dir(cell)
     return {
         directory / "Dockerfile": dockerfile,
@@ -133,4 +138,8 @@ def orphans(grid: Matrix) -> list[str]:
     expected = {lock.cell_dir(c) for c in grid.cells}
     if not lock.IMAGES_DIR.is_dir():
         return []
-    return [f"{d} belongs to no cell of the matrix" for d in sorted(lock.IMAGES_DIR.iterdir()) if d.is_dir() and d not in expected]
+    return [
+        f"{d} belongs to no cell of the matrix"
+        for d in sorted(lock.IMAGES_DIR.iterdir())
+        if d.is_dir() and d not in expected
+    ]

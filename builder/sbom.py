@@ -51,14 +51,21 @@ def debian_components(engine: docker.DockerClient, image_id: str, cell: Cell) ->
     return components
 
 
-def build_sbom(engine: docker.DockerClient, image_id: str, cell: Cell, lock_paths: list[Path], tag: str) -> dict[str, Any]:
+def build_sbom(
+    engine: docker.DockerClient, image_id: str, cell: Cell, lock_paths: list[Path], tag: str
+) -> dict[str, Any]:
     return {
         "bomFormat": "CycloneDX",
         "specVersion": "1.6",
         "version": 1,
         "metadata": {
             "component": {"type": "container", "name": tag, "version": image_id, "bom-ref": image_id},
-            "tools": {"components": [{"type": "application", "name": "cyclonedx-py"}, {"type": "application", "name": "dpkg-query"}]},
+            "tools": {
+                "components": [
+                    {"type": "application", "name": "cyclonedx-py"},
+                    {"type": "application", "name": "dpkg-query"},
+                ]
+            },
         },
         "components": python_components(lock_paths) + debian_components(engine, image_id, cell),
     }

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import json
 import os
 import platform
@@ -120,7 +121,7 @@ def check_environment(ctx: Context) -> Metrics:
     if ctx.cuda:
         metrics.update(_gpu_compatibility(ctx))
     try:
-        import numpy  # noqa: F401  (torch warns without it; users expect tensor.numpy())
+        import numpy
 
         metrics["numpy"] = numpy.__version__
         torch.ones(2).numpy()
@@ -191,7 +192,12 @@ def _gpu_compatibility(ctx: Context) -> Metrics:
             f"{ctx.gpu_name} is {native}; this torch is compiled for {', '.join(arch_list)}: "
             "use an image whose torch supports this GPU"
         )
-    return {"gpu": ctx.gpu_name, "capability": f"{major}.{minor}", "driver_cuda": driver, "arch_list": arch_list}
+    return {
+        "gpu": ctx.gpu_name,
+        "capability": f"{major}.{minor}",
+        "driver_cuda": driver,
+        "arch_list": arch_list,
+    }
 
 
 class _Block(torch.nn.Module):
@@ -229,7 +235,11 @@ def check_compile(ctx: Context) -> Metrics:
         eager_s = timed(ctx, lambda: model(x), iterations)
         compiled_s = timed(ctx, lambda: compiled(x), iterations)
     speedup = eager_s / compiled_s
-    metrics = {"compile_s": round(compile_seconds, 2), "max_abs_error": error, "speedup_vs_eager": round(speedup, 2)}
+    metrics = {
+        "compile_s": round(compile_seconds, 2),
+        "max_abs_error": error,
+        "speedup_vs_eager": round(speedup, 2),
+    }
     floor = ctx.threshold("compile_speedup_min")
     if floor is not None and speedup < floor:
         raise Failure(f"compiled model runs at {speedup:.2f}x eager, needs >= {floor}")
@@ -328,7 +338,9 @@ def check_sdpa(ctx: Context) -> Metrics:
                 if "No available kernel" in str(error):
                     metrics[key] = "unsupported"
                     if backend_name == "CUDNN_ATTENTION" and ctx.capability >= (9, 0) and not gqa:
-                        problems.append(f"cuDNN SDPA has no kernel for {key} on sm{ctx.capability[0]}{ctx.capability[1]}")
+                        problems.append(
+                            f"cuDNN SDPA has no kernel for {key} on sm{ctx.capability[0]}{ctx.capability[1]}"
+                        )
                     continue
                 raise
             reference = _attention(q.float(), k.float(), v.float(), SDPBackend.MATH, gqa)
@@ -336,7 +348,12 @@ def check_sdpa(ctx: Context) -> Metrics:
             tolerance = 2e-2 if dtype != torch.float32 else 1e-4
             if error_max > tolerance:
                 problems.append(f"{key} differs from math by {error_max:.3e}")
-            metrics[key] = {"max_abs_error": error_max, "ms": round(1e3 * timed(ctx, lambda: _attention(q, k, v, backend, gqa), 5 if ctx.quick else 10), 3)}
+            metrics[key] = {
+                "max_abs_error": error_max,
+                "ms": round(
+                    1e3 * timed(ctx, functools.partial(_attention, q, k, v, backend, gqa), 5 if ctx.quick else 10), 3
+                ),
+            }
     if ctx.cuda:
         metrics.update(_sdpa_speed_gate(ctx, problems))
     if problems:
@@ -355,7 +372,7 @@ def _sdpa_speed_gate(ctx: Context, problems: List[str]) -> Metrics:
         if not hasattr(SDPBackend, name):
             continue
         try:
-            fused_ms = 1e3 * timed(ctx, lambda: _attention(q, k, v, getattr(SDPBackend, name), False), 10)
+            fused_ms = 1e3 * timed(ctx, functools.partial(_attention, q, k, v, getattr(SDPBackend, name), False), 10)
         except RuntimeError:
             continue
         speedups[f"{name.lower()}_speedup_vs_math_4096"] = round(math_ms / fused_ms, 2)
@@ -374,7 +391,7 @@ def check_throughput(ctx: Context) -> Metrics:
     for dtype in dtypes:
         a = torch.randn(n, n, device=ctx.device, dtype=dtype)
         b = torch.randn(n, n, device=ctx.device, dtype=dtype)
-        seconds = timed(ctx, lambda: a @ b, 5 if ctx.quick else 20)
+        seconds = timed(ctx, functools.partial(torch.matmul, a, b), 5 if ctx.quick else 20)
         name = str(dtype).replace("torch.", "")
         metrics[f"matmul_{name}_tflops"] = round(2 * n**3 / seconds / 1e12, 3)
     size = (1 << 30) if ctx.cuda else (1 << 25)
@@ -389,11 +406,14 @@ def check_throughput(ctx: Context) -> Metrics:
         floor = ctx.threshold("matmul_bf16_fraction_min")
         if floor is not None and metrics["matmul_bf16_fraction_of_peak"] < floor:
             raise Failure(
-                f"bf16 matmul reaches {metrics['matmul_bf16_fraction_of_peak']:.0%} of {peak_tflops} TFLOP/s, needs {floor:.0%}"
+                f"bf16 matmul reaches {metrics['matmul_bf16_fraction_of_peak']:.0%} "
+                f"of {peak_tflops} TFLOP/s, needs {floor:.0%}"
             )
         floor = ctx.threshold("bandwidth_fraction_min")
         if floor is not None and metrics["bandwidth_fraction_of_peak"] < floor:
-            raise Failure(f"copy bandwidth reaches {metrics['bandwidth_fraction_of_peak']:.0%} of peak, needs {floor:.0%}")
+            raise Failure(
+                f"copy bandwidth reaches {metrics['bandwidth_fraction_of_peak']:.0%} of peak, needs {floor:.0%}"
+            )
     elif ctx.cuda:
         metrics["note"] = f"no datasheet entry for {ctx.gpu_name} in gpu_peaks.json; speeds not gated"
     return metrics
@@ -477,9 +497,16 @@ def nvidia_smi() -> Optional[Dict[str, str]]:
         return None
     fields = "name,driver_version,utilization.gpu,memory.used,memory.total,clocks.sm,clocks.mem"
     try:
-        output = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"], capture_output=True, text=True, timeout=20
-        ).stdout.strip().splitlines()
+        output = (
+            subprocess.run(
+                ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
+            .stdout.strip()
+            .splitlines()
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return dict(zip(fields.split(","), (v.strip() for v in output[0].split(",")))) if output else None
@@ -498,7 +525,10 @@ def print_table(report: Dict[str, Any], stream: Any) -> None:
     print(f"{'check':<15}{'status':<8}{'time':>8}  details", file=stream)
     for result in report["checks"]:
         detail = result["message"] or _summary(result["metrics"])
-        print(f"{result['check']:<15}{result['status']:<8}{result['seconds']:>7.1f}s  {detail[:160]}", file=stream)
+        print(
+            f"{result['check']:<15}{result['status']:<8}{result['seconds']:>7.1f}s  {detail[:160]}",
+            file=stream,
+        )
     print(f"result: {report['status']}", file=stream)
 
 

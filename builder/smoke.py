@@ -47,12 +47,16 @@ def has_nvidia_runtime(engine: docker.DockerClient) -> bool:
     return "nvidia" in (engine.info().get("Runtimes") or {})
 
 
-def run(engine: docker.DockerClient, reference: str, gpus: bool | None = None, extra: list[str] | None = None) -> SmokeResult:
+def run(
+    engine: docker.DockerClient, reference: str, gpus: bool | None = None, extra: list[str] | None = None
+) -> SmokeResult:
     """Run the self-test in a fresh container of the image and store its report."""
     try:
         image = engine.images.get(reference)
     except docker.errors.ImageNotFound:
-        raise UserError(f"no image {reference} in the engine; build it first (`python -m builder build CELL`)") from None
+        raise UserError(
+            f"no image {reference} in the engine; build it first (`python -m builder build CELL`)"
+        ) from None
     use_gpus = has_nvidia_runtime(engine) if gpus is None else gpus
     started = time.monotonic()
     container = engine.containers.run(
@@ -85,7 +89,12 @@ def _parse(stdout: str, stderr: str, exit_code: int) -> dict[str, Any]:
         return parsed
     except json.JSONDecodeError:
         tail = (stderr or stdout).strip().splitlines()[-1:] or ["no output"]
-        return {"status": "fail", "failed": ["selftest"], "checks": [], "error": f"exit {exit_code}: {tail[0]}"}
+        return {
+            "status": "fail",
+            "failed": ["selftest"],
+            "checks": [],
+            "error": f"exit {exit_code}: {tail[0]}",
+        }
 
 
 def passing_report(image_id: str) -> dict[str, Any] | None:

@@ -196,7 +196,7 @@ def lock_key(path: Path) -> str:
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
 
@@ -233,4 +233,3 @@ def serve(house: Wheelhouse, listen: str) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
-

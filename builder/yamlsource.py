@@ -16,7 +16,7 @@ from builder.errors import Location, UserError
 
 FieldPath = tuple[str | int, ...]
 # Builds plain Python values (str, int, float, bool, None) from scalar nodes, as safe_load would.
-_SCALARS = yaml.constructor.SafeConstructor()  # type: ignore[no-untyped-call]
+_SCALARS = yaml.constructor.SafeConstructor()
 
 
 @dataclass
@@ -65,7 +65,7 @@ def _walk(node: yaml.Node, where: FieldPath, source: SourceMap) -> Any:
         return [_walk(item, (*where, index), source) for index, item in enumerate(node.value)]
     assert isinstance(node, yaml.ScalarNode)
     source.raw[where] = node.value
-    return _SCALARS.construct_object(node)  # type: ignore[no-untyped-call]
+    return _SCALARS.construct_object(node)
 
 
 def load(path: Path) -> tuple[Any, SourceMap]:

@@ -13,12 +13,20 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def wheel(filename: str, requires_python: str = ">=3.9") -> WheelFile:
-    return WheelFile(filename=filename, url=f"https://files.example/{filename}", sha256=None, requires_python=requires_python)
+    return WheelFile(
+        filename=filename,
+        url=f"https://files.example/{filename}",
+        sha256=None,
+        requires_python=requires_python,
+    )
 
 
 def torch_build(version: str, pythons: list[str], floor: str, requires: list[str]) -> TorchBuild:
     wheels = [
-        wheel(f"torch-{version}-cp{p.replace('.', '')}-cp{p.replace('.', '')}-manylinux_{floor.replace('.', '_')}_x86_64.whl")
+        wheel(
+            f"torch-{version}-cp{p.replace('.', '')}-cp{p.replace('.', '')}"
+            f"-manylinux_{floor.replace('.', '_')}_x86_64.whl"
+        )
         for p in pythons
     ]
     return build_from_metadata(version, wheels, requires)

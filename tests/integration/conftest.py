@@ -31,7 +31,9 @@ class BuiltCell:
     client: docker.DockerClient
 
     def run(self, *command: str, **kwargs: object) -> str:
-        output: bytes = self.client.containers.run(self.image_id, list(command), remove=True, network_mode="none", **kwargs)
+        output: bytes = self.client.containers.run(
+            self.image_id, list(command), remove=True, network_mode="none", **kwargs
+        )
         return output.decode()
 
 

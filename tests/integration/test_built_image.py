@@ -33,7 +33,9 @@ def test_torch_imports_and_a_compiled_function_runs_inside_the_image(built: Buil
     assert built.run("python", "-c", program).strip() == built.cell.torch.version
 
 
-def test_the_self_test_passes_and_its_report_is_kept_under_the_image_id(smoke_result: smoke.SmokeResult, built: BuiltCell) -> None:
+def test_the_self_test_passes_and_its_report_is_kept_under_the_image_id(
+    smoke_result: smoke.SmokeResult, built: BuiltCell
+) -> None:
     assert smoke_result.status == "pass", smoke_result.summary
     checks = {c["check"]: c["status"] for c in smoke_result.report["checks"]}
     assert checks == {
@@ -72,7 +74,7 @@ def test_no_wheel_file_pip_cache_or_host_certificate_is_left_in_the_image(built:
         "sh",
         "-c",
         "find / -xdev \\( -name '*.whl' -o -path '*/.cache/pip' -o -path '/root/.cache' \\) -print 2>/dev/null"
-        " | while read -r path; do dpkg -S \"$path\" >/dev/null 2>&1 || echo \"$path\"; done",
+        ' | while read -r path; do dpkg -S "$path" >/dev/null 2>&1 || echo "$path"; done',
     )
     assert found.strip() == "", f"files no Debian package owns: {found}"
     host_bundle = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -96,7 +98,7 @@ def test_each_cuda_and_cudnn_library_is_stored_once(built: BuiltCell) -> None:
         "sh",
         "-c",
         "find / -xdev -type f -name 'lib*.so*' -size +64k -exec sh -c 'for f; do "
-        "echo $(stat -c %i \"$f\") $(sha256sum \"$f\" | cut -c1-64) \"$f\"; done' _ {} + 2>/dev/null",
+        'echo $(stat -c %i "$f") $(sha256sum "$f" | cut -c1-64) "$f"; done\' _ {} + 2>/dev/null',
     )
     inodes_by_digest: dict[str, set[str]] = {}
     paths_by_digest: dict[str, list[str]] = {}
@@ -109,7 +111,9 @@ def test_each_cuda_and_cudnn_library_is_stored_once(built: BuiltCell) -> None:
     names = [Path(p).name for paths in paths_by_digest.values() for p in paths]
     for library in ("libcudart.so", "libcudnn.so", "libcublas.so", "libnccl.so"):
         copies = {n for n in names if n.startswith(library)}
-        assert len({d for d, paths in paths_by_digest.items() if any(Path(p).name in copies for p in paths)}) <= 1, library
+        assert len({d for d, paths in paths_by_digest.items() if any(Path(p).name in copies for p in paths)}) <= 1, (
+            library
+        )
     if built.cell.is_cuda:
         assert any(n.startswith("libcudnn") for n in names)
 
@@ -123,7 +127,8 @@ def _wheel(name: str, version: str, requires: list[str]) -> tuple[str, bytes]:
     files = {
         f"{name}/__init__.py": f"__version__ = '{version}'\n".encode(),
         f"{dist_info}/METADATA": (
-            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+            + "".join(f"Requires-Dist: {r}\n" for r in requires)
         ).encode(),
         f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
@@ -160,7 +165,7 @@ def _downstream_torch_version(built: BuiltCell, index: str, tmp_path: Path, extr
     (tmp_path / "Dockerfile").write_text(
         f"FROM {built.image_id}\n"
         f"RUN {extra_env} pip install --no-index --find-links {index} --upgrade --upgrade-strategy eager needs_torch\n"
-        "CMD [\"python\", \"-c\", \"import torch, needs_torch; print(torch.__version__)\"]\n"
+        'CMD ["python", "-c", "import torch, needs_torch; print(torch.__version__)"]\n'
     )
     image, _ = built.client.images.build(path=str(tmp_path), network_mode="host", rm=True, forcerm=True)
     try:
@@ -170,7 +175,9 @@ def _downstream_torch_version(built: BuiltCell, index: str, tmp_path: Path, extr
         built.client.images.remove(image.id, force=True)
 
 
-def test_downstream_pip_install_cannot_replace_the_locked_torch(built: BuiltCell, tempting_index: str, tmp_path: Path) -> None:
+def test_downstream_pip_install_cannot_replace_the_locked_torch(
+    built: BuiltCell, tempting_index: str, tmp_path: Path
+) -> None:
     (tmp_path / "guarded").mkdir()
     assert _downstream_torch_version(built, tempting_index, tmp_path / "guarded", "") == built.cell.torch.version
     # Control: with the image's constraints switched off the same install does replace torch,
@@ -181,7 +188,7 @@ def test_downstream_pip_install_cannot_replace_the_locked_torch(built: BuiltCell
 
 def test_a_from_build_of_the_image_runs_torch(built: BuiltCell, tmp_path: Path) -> None:
     (tmp_path / "Dockerfile").write_text(
-        f"FROM {built.image_id}\nRUN python -c \"import torch; print(torch.ones(2).sum().item())\" > /answer\n"
+        f'FROM {built.image_id}\nRUN python -c "import torch; print(torch.ones(2).sum().item())" > /answer\n'
     )
     image, _ = built.client.images.build(path=str(tmp_path), rm=True, forcerm=True, network_mode="none")
     try:
@@ -193,4 +200,3 @@ def test_a_from_build_of_the_image_runs_torch(built: BuiltCell, tmp_path: Path) 
 def test_report_json_is_what_the_image_printed(smoke_result: smoke.SmokeResult) -> None:
     stored = json.loads(smoke_result.path.read_text())
     assert stored["image_id"] == smoke_result.image_id and stored["status"] == smoke_result.report["status"]
-

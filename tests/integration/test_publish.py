@@ -52,7 +52,9 @@ def start_registry(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
         root.mkdir()
         auth = ""
         if user:
-            entry = subprocess.run(["htpasswd", "-Bbn", user, password or ""], capture_output=True, text=True, check=True)
+            entry = subprocess.run(
+                ["htpasswd", "-Bbn", user, password or ""], capture_output=True, text=True, check=True
+            )
             (root / "htpasswd").write_text(entry.stdout)
             auth = f"auth:\n  htpasswd:\n    realm: test\n    path: {root / 'htpasswd'}\n"
         (root / "config.yml").write_text(
@@ -83,18 +85,26 @@ def _grid_for(built: BuiltCell, registry: RunningRegistry) -> Matrix:
     return Matrix(grid.path, grid.spec.model_copy(update={"registry": registry.host}), grid.cells, grid.rejected)
 
 
-def _publish(built: BuiltCell, registry: RunningRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[publish.Publication]:
+def _publish(
+    built: BuiltCell, registry: RunningRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> list[publish.Publication]:
     if registry.user:
         monkeypatch.setenv("TORCH_IMAGES_REGISTRY_USER", registry.user)
         monkeypatch.setenv("TORCH_IMAGES_REGISTRY_PASSWORD", registry.password or "")
     readme = tmp_path / "README.md"
     if not readme.exists():
         readme.write_text(f"# x\n{publish.TABLE_START}\nNothing published yet.\n{publish.TABLE_END}\n")
-    return publish.publish(built.client, _grid_for(built, registry), [built.cell], lambda _: None, tmp_path / "records", readme)
+    return publish.publish(
+        built.client, _grid_for(built, registry), [built.cell], lambda _: None, tmp_path / "records", readme
+    )
 
 
 def test_publish_pushes_the_verified_tag_then_aliases_and_the_pulled_image_passes_its_self_test(
-    built: BuiltCell, smoke_result: smoke.SmokeResult, start_registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
+    built: BuiltCell,
+    smoke_result: smoke.SmokeResult,
+    start_registry,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
 ) -> None:
     assert smoke_result.status == "pass"
     registry = start_registry()
@@ -126,13 +136,23 @@ def test_publish_pushes_the_verified_tag_then_aliases_and_the_pulled_image_passe
     pulled = built.client.images.pull(f"{registry.host}/torch", tag=built.cell.tag)
     try:
         assert pulled.id == built.image_id  # same config, same ID: what was tested is what was pushed
-        assert smoke.run(built.client, published, gpus=False, extra=["--only", "environment", "--only", "torch.compile"]).status == "pass"
+        assert (
+            smoke.run(
+                built.client,
+                published,
+                gpus=False,
+                extra=["--only", "environment", "--only", "torch.compile"],
+            ).status
+            == "pass"
+        )
     finally:
         pulled.tag(*built.reference.split(":", 1))
 
     # A downstream Dockerfile FROM the published tag builds and runs.
     (tmp_path / "downstream").mkdir()
-    (tmp_path / "downstream" / "Dockerfile").write_text(f"FROM {published}\nRUN python -c 'import torch; print(torch.__version__)' > /v\n")
+    (tmp_path / "downstream" / "Dockerfile").write_text(
+        f"FROM {published}\nRUN python -c 'import torch; print(torch.__version__)' > /v\n"
+    )
     image, _ = built.client.images.build(path=str(tmp_path / "downstream"), rm=True, network_mode="host")
     try:
         out = built.client.containers.run(image.id, ["cat", "/v"], remove=True, network_mode="none").decode().strip()
@@ -146,7 +166,11 @@ def test_publish_pushes_the_verified_tag_then_aliases_and_the_pulled_image_passe
 
 
 def test_publish_with_htpasswd_accepts_right_and_refuses_wrong_credentials(
-    built: BuiltCell, smoke_result: smoke.SmokeResult, start_registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
+    built: BuiltCell,
+    smoke_result: smoke.SmokeResult,
+    start_registry,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
 ) -> None:
     registry = start_registry("ci", "s3cret")
     wrong = RunningRegistry(registry.host, "ci", "wrong")
@@ -158,7 +182,10 @@ def test_publish_with_htpasswd_accepts_right_and_refuses_wrong_credentials(
 
 
 def test_an_image_without_a_passing_self_test_is_refused_and_nothing_is_pushed(
-    built: BuiltCell, start_registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
+    built: BuiltCell,
+    start_registry,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
 ) -> None:
     registry = start_registry()
     (tmp_path / "ctx").mkdir()

@@ -25,7 +25,7 @@ def test_build_reads_pins_pythons_and_glibc_floors() -> None:
         wheel("torch-2.9.1-cp313-cp313t-manylinux_2_28_x86_64.whl"),  # free-threaded: not an image Python
         wheel("torch-2.9.1-cp39-cp39-manylinux1_x86_64.whl"),
     ]
-    build = build_from_metadata("2.9.1", wheels, CU128 + ["filelock", "triton~=3.5.0; python_version < '3.15'"])
+    build = build_from_metadata("2.9.1", wheels, [*CU128, "filelock", "triton~=3.5.0; python_version < '3.15'"])
     assert build.pythons == ["3.9", "3.11"]
     assert build.glibc_floor == {"3.11": "2.28", "3.9": "2.5"}
     assert (build.cuda, build.cudnn, build.nccl) == ("12.8", "9.10.2.21", "2.27.5")

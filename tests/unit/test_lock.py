@@ -64,7 +64,7 @@ def test_a_lock_holding_another_torch_build_is_refused(tmp_path: Path, matrix_fi
 def test_a_lock_with_other_cuda_libraries_is_refused(tmp_path: Path, matrix_file: Path, wheels: TorchWheels) -> None:
     cell = load_matrix(matrix_file, wheels).cell("2.9.1-cu12.8-bookworm-runtime")
     other = write_lock(tmp_path, LOCK_TEXT.replace("cuda-runtime-cu12==12.8.90", "cuda-runtime-cu12==12.6.77"))
-    with pytest.raises(UserError, match="the lock holds CUDA 12.6 libraries, the cell asks 12.8"):
+    with pytest.raises(UserError, match=r"the lock holds CUDA 12\.6 libraries, the cell asks 12\.8"):
         lock.verify_stack(cell, other)
 
 

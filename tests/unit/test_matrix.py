@@ -74,12 +74,18 @@ def test_glibc_floor_rejection_names_wheel_floor_and_base_glibc(matrix_file: Pat
 
 
 def test_python_the_base_does_not_provide_is_rejected(matrix_file: Path, wheels: TorchWheels) -> None:
-    edit(matrix_file, "  base: [bullseye, bookworm]", '  python: ["3.11", "3.12"]\n  base: [bullseye, bookworm]')
+    edit(
+        matrix_file,
+        "  base: [bullseye, bookworm]",
+        '  python: ["3.11", "3.12"]\n  base: [bullseye, bookworm]',
+    )
     grid = load_matrix(matrix_file, wheels)
     assert any(r.reason == "base bookworm provides Python 3.11, not 3.12" for r in grid.rejected)
 
 
-def test_cuda_other_than_the_wheels_build_names_where_that_variant_lives(matrix_file: Path, wheels: TorchWheels) -> None:
+def test_cuda_other_than_the_wheels_build_names_where_that_variant_lives(
+    matrix_file: Path, wheels: TorchWheels
+) -> None:
     edit(matrix_file, "  base: [bullseye, bookworm]", '  cuda: ["12.8", "12.6"]\n  base: [bullseye, bookworm]')
     grid = load_matrix(matrix_file, wheels)
     reasons = {r.reason for r in grid.rejected}
@@ -98,7 +104,7 @@ def test_cudnn_may_be_raised_above_torchs_pin_but_never_lowered(matrix_file: Pat
 
 
 def test_exclude_drops_matching_cells_silently(matrix_file: Path, wheels: TorchWheels) -> None:
-    matrix_file.write_text(matrix_file.read_text() + "exclude:\n  - {torch: \"2.6.0\", flavor: devel}\n")
+    matrix_file.write_text(matrix_file.read_text() + 'exclude:\n  - {torch: "2.6.0", flavor: devel}\n')
     grid = load_matrix(matrix_file, wheels)
     assert not [c for c in grid.cells if c.torch.version == "2.6.0" and c.flavor == "devel"]
 
@@ -108,9 +114,15 @@ def test_include_adds_a_cpu_cell_from_another_index(matrix_file: Path, wheels: T
         'indexes:\n  pypi: {url: "https://pypi.org/simple"}',
         'indexes:\n  pypi: {url: "https://pypi.org/simple"}\n  local-cpu: {find_links: ["/wheels"]}',
     )
-    matrix_file.write_text(text + 'include:\n  - {torch: "2.13.0", cuda: cpu, base: bookworm, flavor: runtime, index: local-cpu}\n')
+    matrix_file.write_text(
+        text + 'include:\n  - {torch: "2.13.0", cuda: cpu, base: bookworm, flavor: runtime, index: local-cpu}\n'
+    )
     cell = load_matrix(matrix_file, wheels).cell("2.13.0-cpu-bookworm-runtime")
-    assert (cell.torch.version, cell.cudnn, cell.tag) == ("2.13.0+cpu", None, "2.13.0-cpu-py3.11-bookworm-runtime")
+    assert (cell.torch.version, cell.cudnn, cell.tag) == (
+        "2.13.0+cpu",
+        None,
+        "2.13.0-cpu-py3.11-bookworm-runtime",
+    )
 
 
 # ---------------------------------------------------------------- validation rules
@@ -123,7 +135,7 @@ def test_malformed_yaml_names_the_line(matrix_file: Path, wheels: TorchWheels) -
 
 
 def test_unknown_key_names_file_line_and_field(matrix_file: Path, wheels: TorchWheels) -> None:
-    edit(matrix_file, "    glibc: \"2.36\"", "    glibc: \"2.36\"\n    glibcc: \"2.36\"")
+    edit(matrix_file, '    glibc: "2.36"', '    glibc: "2.36"\n    glibcc: "2.36"')
     error = error_of(matrix_file, wheels)
     assert error.line() == (
         f"{matrix_file}:{line_of(matrix_file, 'glibcc')}: bases.bookworm.glibcc: unknown key 'glibcc'; "
@@ -160,16 +172,23 @@ def test_missing_required_field_is_named(matrix_file: Path, wheels: TorchWheels)
 def test_duplicate_key_is_rejected_not_silently_overwritten(matrix_file: Path, wheels: TorchWheels) -> None:
     edit(matrix_file, "repository: torch", "repository: torch\nrepository: other")
     error = error_of(matrix_file, wheels)
-    assert "duplicate key 'repository'" in error.line() and f":{line_of(matrix_file, 'repository: other')}:" in error.line()
+    assert (
+        "duplicate key 'repository'" in error.line()
+        and f":{line_of(matrix_file, 'repository: other')}:" in error.line()
+    )
 
 
 def test_unknown_base_reference_lists_the_defined_ones(matrix_file: Path, wheels: TorchWheels) -> None:
     edit(matrix_file, "base: [bullseye, bookworm]", "base: [bullseye, bokworm]")
-    assert "axes.base[1]: unknown base 'bokworm'; use one of: bullseye, bookworm" in error_of(matrix_file, wheels).line()
+    assert (
+        "axes.base[1]: unknown base 'bokworm'; use one of: bullseye, bookworm" in error_of(matrix_file, wheels).line()
+    )
 
 
 def test_duplicate_cells_are_rejected(matrix_file: Path, wheels: TorchWheels) -> None:
-    matrix_file.write_text(matrix_file.read_text() + 'include:\n  - {torch: "2.9.1", base: bookworm, flavor: runtime}\n')
+    matrix_file.write_text(
+        matrix_file.read_text() + 'include:\n  - {torch: "2.9.1", base: bookworm, flavor: runtime}\n'
+    )
     error = error_of(matrix_file, wheels)
     assert "include[0]: cell 2.9.1-cu12.8-bookworm-runtime is already made by axes" in error.line()
 
@@ -186,7 +205,9 @@ def test_alias_shared_by_two_cells_is_rejected(matrix_file: Path, wheels: TorchW
 
 def test_empty_file_is_rejected(matrix_file: Path, wheels: TorchWheels) -> None:
     matrix_file.write_text("")
-    assert error_of(matrix_file, wheels).line() == f"{matrix_file}: the file is empty; see the README for a minimal matrix"
+    assert (
+        error_of(matrix_file, wheels).line() == f"{matrix_file}: the file is empty; see the README for a minimal matrix"
+    )
 
 
 def test_matrix_that_makes_no_cell_is_rejected(matrix_file: Path, wheels: TorchWheels) -> None:
@@ -195,7 +216,9 @@ def test_matrix_that_makes_no_cell_is_rejected(matrix_file: Path, wheels: TorchW
 
 
 def test_include_that_cannot_work_is_an_error_at_its_line(matrix_file: Path, wheels: TorchWheels) -> None:
-    matrix_file.write_text(matrix_file.read_text() + 'include:\n  - {torch: "2.9.1", base: bullseye, flavor: runtime}\n')
+    matrix_file.write_text(
+        matrix_file.read_text() + 'include:\n  - {torch: "2.9.1", base: bullseye, flavor: runtime}\n'
+    )
     error = error_of(matrix_file, wheels)
     assert error.line() == (
         f"{matrix_file}:{line_of(matrix_file, 'base: bullseye, flavor')}: include[0]: "
@@ -209,7 +232,11 @@ def test_unknown_tag_template_field_lists_the_known_ones(matrix_file: Path, whee
 
 
 def test_flagship_must_match_exactly_one_cell(matrix_file: Path, wheels: TorchWheels) -> None:
-    edit(matrix_file, 'flagship: {torch: "2.9.1", base: bookworm, flavor: runtime}', 'flagship: {torch: "2.9.1"}')
+    edit(
+        matrix_file,
+        'flagship: {torch: "2.9.1", base: bookworm, flavor: runtime}',
+        'flagship: {torch: "2.9.1"}',
+    )
     assert "flagship: must match exactly one buildable cell" in error_of(matrix_file, wheels).line()
 
 

@@ -23,7 +23,9 @@ def grid(tmp_path: Path, matrix_file: Path, wheels: TorchWheels, monkeypatch: py
     for cell in grid.cells:
         directory = lock.cell_dir(cell)
         directory.mkdir(parents=True)
-        (directory / lock.STACK_LOCK).write_text(LOCK_TEXT.replace("torch==2.9.1", f"torch=={cell.torch.version}") + NUMPY)
+        (directory / lock.STACK_LOCK).write_text(
+            LOCK_TEXT.replace("torch==2.9.1", f"torch=={cell.torch.version}") + NUMPY
+        )
         if cell.flavor == "devel":
             (directory / lock.FLAVOR_LOCK).write_text("py-spy==0.4.3 --hash=sha256:" + "d" * 64 + "\n")
     return grid

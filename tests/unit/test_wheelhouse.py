@@ -41,7 +41,9 @@ def file_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     server.server_close()
 
 
-def test_fetch_stores_a_verified_file_under_its_hash_and_downloads_it_once(tmp_path: Path, file_server: tuple[str, Path]) -> None:
+def test_fetch_stores_a_verified_file_under_its_hash_and_downloads_it_once(
+    tmp_path: Path, file_server: tuple[str, Path]
+) -> None:
     url, root = file_server
     digest = make_wheel(root, "demo-1.0-py3-none-any.whl")
     house = wheelhouse.Wheelhouse(tmp_path / "house")
@@ -55,7 +57,9 @@ def test_fetch_stores_a_verified_file_under_its_hash_and_downloads_it_once(tmp_p
     assert house.bytes_downloaded == downloaded
 
 
-def test_a_file_whose_hash_does_not_match_is_refused_and_not_stored(tmp_path: Path, file_server: tuple[str, Path]) -> None:
+def test_a_file_whose_hash_does_not_match_is_refused_and_not_stored(
+    tmp_path: Path, file_server: tuple[str, Path]
+) -> None:
     url, root = file_server
     actual = make_wheel(root, "demo-1.0-py3-none-any.whl")
     house = wheelhouse.Wheelhouse(tmp_path / "house")
@@ -89,7 +93,9 @@ def test_the_wheel_chosen_fits_the_cells_python_and_glibc_and_a_locked_hash(
     other_python = make_wheel(links, "fastlib-1.0-cp312-cp312-manylinux_2_28_x86_64.whl", b"312")
     too_new_glibc = make_wheel(links, "fastlib-1.0-cp311-cp311-manylinux_2_39_x86_64.whl", b"239")
     make_wheel(links, "fastlib-1.0-py3-none-any.whl", b"unlocked")  # fits, but no locked hash
-    matrix_file.write_text(matrix_file.read_text().replace('{url: "https://pypi.org/simple"}', f'{{find_links: ["{links}"]}}'))
+    matrix_file.write_text(
+        matrix_file.read_text().replace('{url: "https://pypi.org/simple"}', f'{{find_links: ["{links}"]}}')
+    )
     grid = load_matrix(matrix_file, wheels)
     cell = grid.cell("2.9.1-cu12.8-bookworm-runtime")
     lock_path = tmp_path / "requirements.lock"
@@ -106,12 +112,18 @@ def test_a_locked_package_without_a_fitting_wheel_is_one_clear_error(
     links = tmp_path / "links"
     links.mkdir()
     other = make_wheel(links, "fastlib-1.0-cp312-cp312-manylinux_2_28_x86_64.whl")
-    matrix_file.write_text(matrix_file.read_text().replace('{url: "https://pypi.org/simple"}', f'{{find_links: ["{links}"]}}'))
+    matrix_file.write_text(
+        matrix_file.read_text().replace('{url: "https://pypi.org/simple"}', f'{{find_links: ["{links}"]}}')
+    )
     grid = load_matrix(matrix_file, wheels)
     lock_path = tmp_path / "requirements.lock"
     lock_path.write_text(f"fastlib==1.0 --hash=sha256:{other}\n")
-    with pytest.raises(UserError, match="no wheel of fastlib==1.0 with a locked hash fits Python 3.11 on glibc 2.36"):
-        wheelhouse.Wheelhouse(tmp_path / "house").refs(grid.cell("2.9.1-cu12.8-bookworm-runtime"), grid, lock.Lockfile.read(lock_path))
+    with pytest.raises(
+        UserError, match=r"no wheel of fastlib==1\.0 with a locked hash fits Python 3\.11 on glibc 2\.36"
+    ):
+        wheelhouse.Wheelhouse(tmp_path / "house").refs(
+            grid.cell("2.9.1-cu12.8-bookworm-runtime"), grid, lock.Lockfile.read(lock_path)
+        )
 
 
 def test_served_page_links_each_file_with_its_hash_and_a_second_server_reuses_the_first(
@@ -125,7 +137,10 @@ def test_served_page_links_each_file_with_its_hash_and_a_second_server_reuses_th
     lock_path = tmp_path / "requirements.lock"
     lock_path.write_text(f"demo==1.0 --hash=sha256:{digest}\n")
     page = house.publish_page(lock.Lockfile.read(lock_path), [ref])
-    with wheelhouse.serve(house, "127.0.0.1:18741") as base, wheelhouse.serve(house, "127.0.0.1:18741") as again:
+    with (
+        wheelhouse.serve(house, "127.0.0.1:18741") as base,
+        wheelhouse.serve(house, "127.0.0.1:18741") as again,
+    ):
         assert base == again == "http://127.0.0.1:18741/"
         html = urllib.request.urlopen(base + page, timeout=5).read().decode()
         assert f"#sha256={digest}" in html
@@ -137,7 +152,8 @@ def test_served_page_links_each_file_with_its_hash_and_a_second_server_reuses_th
 def test_a_port_held_by_something_else_is_a_clear_error(tmp_path: Path, file_server: tuple[str, Path]) -> None:
     url, _ = file_server
     port = url.rsplit(":", 1)[1].strip("/")
-    with pytest.raises(UserError, match=f"cannot serve the wheelhouse on 127.0.0.1:{port}"), wheelhouse.serve(
-        wheelhouse.Wheelhouse(tmp_path / "house"), f"127.0.0.1:{port}"
+    with (
+        pytest.raises(UserError, match=f"cannot serve the wheelhouse on 127.0.0.1:{port}"),
+        wheelhouse.serve(wheelhouse.Wheelhouse(tmp_path / "house"), f"127.0.0.1:{port}"),
     ):
         pass
