@@ -9,7 +9,9 @@ steps reach the wheelhouse on loopback; wheel files never enter the build contex
 from __future__ import annotations
 
 import contextlib
+import io
 import re
+import tarfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,6 +77,30 @@ def build_cell(
     return result
 
 
+def context_paths(cell: Cell) -> list[Path]:
+    """The files a cell's build needs: the `!path` allowlist of .dockerignore, this cell's images/ only."""
+    allowed = [
+        line[1:].strip().rstrip("/")
+        for line in (REPO_ROOT / ".dockerignore").read_text().splitlines()
+        if line.startswith("!")
+    ]
+    paths: list[Path] = []
+    for entry in allowed:
+        root = REPO_ROOT / (lock.cell_dir(cell).as_posix() if entry == "images" else entry)
+        paths += sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+    return [p.relative_to(REPO_ROOT) for p in paths if p.exists()]
+
+
+def context_tar(cell: Cell) -> io.BytesIO:
+    """The build context as a tar of exactly context_paths (small: locks, specs, scripts)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for path in context_paths(cell):
+            archive.add(REPO_ROOT / path, arcname=path.as_posix(), recursive=False)
+    buffer.seek(0)
+    return buffer
+
+
 def _stream_build(
     engine: docker.DockerClient,
     cell: Cell,
@@ -86,7 +112,8 @@ def _stream_build(
     """Run the build, reporting each step; returns the engine's error, or "" on success."""
     dockerfile = (lock.cell_dir(cell) / "Dockerfile").as_posix()
     stream = engine.api.build(
-        path=str(REPO_ROOT),
+        fileobj=context_tar(cell),
+        custom_context=True,
         dockerfile=dockerfile,
         tag=reference,
         buildargs={"BASE_IMAGE": base_reference},

@@ -15,6 +15,7 @@ import hashlib
 import html
 import http.server
 import os
+import re
 import tempfile
 import threading
 import urllib.request
@@ -181,13 +182,31 @@ class Wheelhouse:
         return f"locks/{key}/"
 
     def prepare(self, cell: Cell, grid: Matrix, locks: list[Lockfile]) -> list[Path]:
-        """Fetch and verify every file of the cell's locks and publish their pages."""
+        """Fetch and verify every file of the cell's locks and publish their pages.
+
+        A lock whose page exists and whose files are all in the cache needs no index at all:
+        the page names each file by its verified hash, so a rebuild works offline.
+        """
         files = []
         for lock in locks:
+            cached = self.cached_files(lock)
+            if cached is not None:
+                files += cached
+                continue
             refs = self.refs(cell, grid, lock)
             files += [self.fetch(ref) for ref in refs]
             self.publish_page(lock, refs)
         return files
+
+    def cached_files(self, lock: Lockfile) -> list[Path] | None:
+        """The cached files a lock's existing page names, or None if any is missing."""
+        page = self.root / "locks" / lock_key(lock.path) / "index.html"
+        if not page.exists():
+            return None
+        paths = [page.parent / href for href in re.findall(r'href="([^"#]+)', page.read_text())]
+        if len(paths) != len(lock.packages) or not all(p.exists() for p in paths):
+            return None
+        return [p.resolve() for p in paths]
 
 
 def lock_key(path: Path) -> str:
@@ -226,7 +245,8 @@ def serve(house: Wheelhouse, listen: str) -> Iterator[str]:
         raise UserError(
             f"cannot serve the wheelhouse on {listen}: {error.strerror}; free the port or change wheelhouse.listen"
         ) from None
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # A short poll interval: shutdown() waits up to one interval, on every build.
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     try:
         yield f"http://{listen}/"

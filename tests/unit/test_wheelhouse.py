@@ -157,3 +157,25 @@ def test_a_port_held_by_something_else_is_a_clear_error(tmp_path: Path, file_ser
         wheelhouse.serve(wheelhouse.Wheelhouse(tmp_path / "house"), f"127.0.0.1:{port}"),
     ):
         pass
+
+
+def test_a_lock_whose_files_are_cached_is_prepared_without_any_index(
+    tmp_path: Path, file_server: tuple[str, Path], matrix_file: Path, wheels: TorchWheels
+) -> None:
+    url, root = file_server
+    digest = make_wheel(root, "demo-1.0-py3-none-any.whl")
+    house = wheelhouse.Wheelhouse(tmp_path / "house")
+    ref = wheelhouse.WheelRef("demo", "demo-1.0-py3-none-any.whl", url + "demo-1.0-py3-none-any.whl", digest)
+    lock_path = tmp_path / "requirements.lock"
+    lock_path.write_text(f"demo==1.0 --hash=sha256:{digest}\n")
+    locked = lock.Lockfile.read(lock_path)
+    assert house.cached_files(locked) is None
+    house.fetch(ref)
+    house.publish_page(locked, [ref])
+    # The matrix's index is unreachable here: preparing must not need it.
+    matrix_file.write_text(matrix_file.read_text().replace("https://pypi.org/simple", "http://127.0.0.1:9/simple"))
+    grid = load_matrix(matrix_file, wheels)
+    files = house.prepare(grid.cell("2.9.1-cu12.8-bookworm-runtime"), grid, [locked])
+    assert files == [house.blob(digest, "demo-1.0-py3-none-any.whl").resolve()]
+    house.blob(digest, "demo-1.0-py3-none-any.whl").unlink()
+    assert house.cached_files(locked) is None
