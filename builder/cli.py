@@ -64,13 +64,29 @@ def cmd_compat_refresh(args: argparse.Namespace) -> int:
     spec, _ = matrix.parse(Path(args.matrix))
     versions = set(spec.axes.torch if spec.axes else []) | {s.torch for s in spec.include if s.torch}
     table = compat.TorchWheels.load().table
+    unreachable: list[str] = []
     for name, index in spec.indexes.items():
         links = [Path(matrix.expand_env(p)) for p in index.find_links]
-        builds = compat.read_torch_builds(sorted(versions), index.url, [p for p in links if p.is_dir()])
-        table[name] = {b.version: b for b in builds}
+        builds = compat.read_torch_builds(sorted(versions), index.urls, [p for p in links if p.is_dir()], unreachable)
+        table[name] = {**table.get(name, {}), **{b.version: b for b in builds}}  # other matrices share the file
         console.print(f"{name}: {', '.join(b.version + ' (' + b.cuda + ')' for b in builds)}")
     compat.TorchWheels(table).save()
     console.print(f"wrote {compat.TORCH_WHEELS}")
+    releases = compat.load_trtllm()
+    wanted = {s.trtllm for s in spec.include if s.trtllm} - set(releases)
+    urls = [url for index in spec.indexes.values() for url in index.urls]
+    for version in sorted(wanted):
+        for url in urls:
+            try:
+                releases[version] = compat.read_trtllm_release(version, url)
+                console.print(f"tensorrt-llm {version}: torch {releases[version].torch}, from {url}")
+                break
+            except OSError as error:
+                unreachable.append(f"{url} for tensorrt-llm {version} ({getattr(error, 'reason', error)})")
+    if releases:
+        compat.save_trtllm(releases)
+    for line in sorted(set(unreachable)):
+        console.print(f"not read: {line}")
     return 0
 
 

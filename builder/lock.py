@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import flavor
+from builder import flavor, pypi
 from builder.cell import Cell
 from builder.compat import version_key
 from builder.errors import UserError
@@ -89,7 +89,7 @@ def _inputs(
     cell: Cell, grid: Matrix, requirements: list[str], overrides: list[str], constraints: str
 ) -> dict[str, object]:
     index = grid.index(cell.index)
-    return {
+    inputs: dict[str, object] = {
         "requirements": requirements,
         "overrides": overrides,
         "constraints": constraints,
@@ -98,6 +98,9 @@ def _inputs(
         "python": cell.python,
         "platform": manylinux_target(cell.base.glibc),
     }
+    if index.extra_urls:  # absent and empty are the same input
+        inputs["extra_urls"] = index.extra_urls
+    return inputs
 
 
 def _fingerprint(inputs: dict[str, object]) -> str:
@@ -137,6 +140,8 @@ def _compile(cell: Cell, grid: Matrix, requirements: list[str], overrides: list[
             "--python-version", cell.python, "--override", str(override_file),
             "--index-url" if index.url else "--no-index", *([index.url] if index.url else []),
         ]  # fmt: skip
+        for url in index.extra_urls:
+            command += ["--extra-index-url", url]
         for link in index.find_links:
             directory = expand_env(link)
             if not Path(directory).is_dir():
@@ -157,8 +162,36 @@ def _compile(cell: Cell, grid: Matrix, requirements: list[str], overrides: list[
     return result.stdout
 
 
+def require_real_trtllm_wheels(cell: Cell, grid: Matrix) -> None:
+    """TensorRT-LLM on PyPI is a stub that downloads at install time: lock only the real wheels."""
+    if not cell.trtllm:
+        return
+    index = grid.index(cell.index)
+    found, tried = [], []
+    for link in index.find_links:
+        directory = Path(expand_env(link))
+        tried.append(str(directory))
+        if directory.is_dir():
+            found += [f.filename for f in pypi.find_links_files("tensorrt-llm", directory) if f.version == cell.trtllm]
+    for url in index.urls:
+        try:
+            found += [f.filename for f in pypi.index_files("tensorrt-llm", url) if f.version == cell.trtllm]
+            tried.append(url)
+        except OSError as error:
+            tried.append(f"{url} (unreachable: {getattr(error, 'reason', error)})")
+    if not found:
+        raise UserError(
+            f"cell {cell.name}: no real wheel of tensorrt-llm {cell.trtllm} in {'; '.join(tried)} "
+            "(PyPI has only a stub that downloads at install time, which a build never runs); "
+            f"put tensorrt_llm-{cell.trtllm}-*.whl and the tensorrt wheels in a find_links directory of index "
+            f"'{cell.index}', or make NVIDIA's index (https://pypi.nvidia.com) reachable",
+            grid.path,
+        )
+
+
 def lock_cell(cell: Cell, grid: Matrix) -> list[Path]:
     """Resolve and write the cell's locks; returns the files written."""
+    require_real_trtllm_wheels(cell, grid)
     directory = cell_dir(cell)
     directory.mkdir(parents=True, exist_ok=True)
     stack_text = HEADER.format(fingerprint=stack_fingerprint(cell, grid)) + _compile(

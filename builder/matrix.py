@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from builder import flavor as flavors
 from builder.cell import BaseImage, Cell
-from builder.compat import TorchBuild, TorchWheels, version_key
+from builder.compat import TorchBuild, TorchWheels, TrtllmRelease, load_trtllm, version_key
 from builder.errors import Location, UserError
 from builder.yamlsource import FieldPath, SourceMap, dotted, load
 
@@ -68,7 +68,12 @@ class BaseSpec(Strict):
 
 class IndexSpec(Strict):
     url: HttpUrl | None = None
+    extra_urls: list[HttpUrl] = []  # searched after url, for packages url does not have
     find_links: list[str] = []
+
+    @property
+    def urls(self) -> list[str]:
+        return [*([self.url] if self.url else []), *self.extra_urls]
 
 
 class Selector(Strict):
@@ -292,7 +297,25 @@ def _pick_build(selector: Selector, index: str, wheels: TorchWheels) -> TorchBui
     return f"torch {torch} on index '{index}' is built for CUDA {actual}, not {selector.cuda}; {hint}"
 
 
-def _resolve(selector: Selector, spec: MatrixSpec, wheels: TorchWheels, origin: str) -> Cell | str:
+def _trtllm_reason(release: TrtllmRelease | None, version: str, build: TorchBuild, python: str, base: str) -> str:
+    """Why TensorRT-LLM `version` cannot go on this torch build and Python ("" when it can)."""
+    if release is None:
+        return f"no data for TensorRT-LLM {version} in data/trtllm.json; run `python -m builder compat refresh`"
+    if not release.supports_torch(build.version):
+        return f"TensorRT-LLM {version} needs torch {release.torch}, the cell has {build.version}"
+    if python not in release.pythons:
+        return f"TensorRT-LLM {version} supports Python {', '.join(release.pythons)}; base {base} has {python}"
+    if release.cuda_major and build.cuda_major != release.cuda_major:
+        return (
+            f"TensorRT-LLM {version} is built for CUDA {release.cuda_major}, torch {build.version} here is "
+            f"CUDA {build.cuda}; use an index serving torch {build.public_version} for CUDA {release.cuda_major}"
+        )
+    return ""
+
+
+def _resolve(
+    selector: Selector, spec: MatrixSpec, wheels: TorchWheels, trtllm: dict[str, TrtllmRelease], origin: str
+) -> Cell | str:
     """A cell from a complete selector, or the reason it cannot work."""
     base = _base_image(selector.base or "", spec.bases[selector.base or ""])
     python = selector.python or base.python
@@ -321,8 +344,12 @@ def _resolve(selector: Selector, spec: MatrixSpec, wheels: TorchWheels, origin: 
     flavor = flavors.load().flavors[selector.flavor or ""]
     if flavor.requires_cuda and build.cuda == "cpu":
         return f"the {flavor.name} flavor needs a CUDA build of torch, not {build.version}"
-    if flavor.name == "trtllm" and not selector.trtllm:
-        return "the trtllm flavor needs trtllm: <TensorRT-LLM version>"
+    if flavor.name == "trtllm":
+        if not selector.trtllm:
+            return "the trtllm flavor needs trtllm: <TensorRT-LLM version>"
+        reason = _trtllm_reason(trtllm.get(selector.trtllm), selector.trtllm, build, python, base.name)
+        if reason:
+            return reason
     cell = Cell(
         name="",
         torch=build,
@@ -412,7 +439,9 @@ def _provisional_name(selector: Selector) -> str:
     return "-".join(p for p in parts if p)
 
 
-def expand(spec: MatrixSpec, source: SourceMap, wheels: TorchWheels) -> tuple[list[Cell], list[Rejected]]:
+def expand(
+    spec: MatrixSpec, source: SourceMap, wheels: TorchWheels, trtllm: dict[str, TrtllmRelease]
+) -> tuple[list[Cell], list[Rejected]]:
     cells: list[Cell] = []
     rejected: list[Rejected] = []
     defaults = spec.defaults.model_dump(exclude_none=True)
@@ -423,7 +452,7 @@ def expand(spec: MatrixSpec, source: SourceMap, wheels: TorchWheels) -> tuple[li
     ]
     seen: dict[str, FieldPath] = {}
     for selector, origin, where in candidates:
-        result = _resolve(selector, spec, wheels, origin)
+        result = _resolve(selector, spec, wheels, trtllm, origin)
         values = _cell_values(result) if isinstance(result, Cell) else selector.model_dump()
         if origin == "axes" and any(_matches(rule, values) for rule in spec.exclude):
             continue
@@ -474,8 +503,10 @@ def expand_env(text: str) -> str:
     return re.sub(r"\$\{(\w+)(?::-([^}]*))?\}", lambda m: os.environ.get(m.group(1)) or (m.group(2) or ""), text)
 
 
-def load_matrix(path: Path = DEFAULT_MATRIX, wheels: TorchWheels | None = None) -> Matrix:
+def load_matrix(
+    path: Path = DEFAULT_MATRIX, wheels: TorchWheels | None = None, trtllm: dict[str, TrtllmRelease] | None = None
+) -> Matrix:
     spec, source = parse(path)
-    cells, rejected = expand(spec, source, wheels or TorchWheels.load())
+    cells, rejected = expand(spec, source, wheels or TorchWheels.load(), load_trtllm() if trtllm is None else trtllm)
     _check_cells(cells, spec, source)
     return Matrix(path=path, spec=spec, cells=cells, rejected=rejected)

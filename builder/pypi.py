@@ -12,6 +12,7 @@ import email.parser
 import io
 import json
 import re
+import tarfile
 import urllib.request
 import zipfile
 from collections.abc import Iterator
@@ -74,8 +75,8 @@ def _open(url: str, headers: dict[str, str] | None = None, timeout: float = 60) 
         return data
 
 
-def index_files(project: str, index_url: str) -> list[WheelFile]:
-    """Every wheel of a project on a PEP 691 (JSON) simple index."""
+def index_files(project: str, index_url: str, suffix: str = ".whl") -> list[WheelFile]:
+    """Every file of a project on a PEP 691 (JSON) simple index whose name ends with suffix."""
     body = _open(f"{index_url.rstrip('/')}/{project}/", {"Accept": SIMPLE_JSON})
     listing = json.loads(body)
     return [
@@ -86,8 +87,20 @@ def index_files(project: str, index_url: str) -> list[WheelFile]:
             requires_python=entry.get("requires-python"),
         )
         for entry in listing["files"]
-        if entry["filename"].endswith(".whl") and not entry.get("yanked")
+        if entry["filename"].endswith(suffix) and not entry.get("yanked")
     ]
+
+
+def sdist_metadata(url: str, limit: int = 1 << 20) -> Message:
+    """PKG-INFO of a small source distribution (a stub's pins live there)."""
+    data = _open(url)
+    if len(data) > limit:
+        raise OSError(f"{url}: {len(data)} bytes is not a small stub")
+    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+        member = next(m for m in archive.getmembers() if m.name.count("/") == 1 and m.name.endswith("/PKG-INFO"))
+        handle = archive.extractfile(member)
+        assert handle is not None
+        return email.parser.Parser().parsestr(handle.read().decode())
 
 
 def find_links_files(project: str, directory: Path) -> list[WheelFile]:

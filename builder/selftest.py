@@ -443,6 +443,51 @@ def check_distributed(ctx: Context) -> Metrics:
     return {"backend": backend, "world_size": 2, "seconds": round(time.perf_counter() - start, 2)}
 
 
+# Provided by the host's NVIDIA driver through the container runtime, never by an image.
+DRIVER_LIBRARIES = {"libcuda.so.1", "libnvidia-ml.so.1"}
+
+
+def unresolved_libraries(directories: List[str], allowed: Optional[set] = None) -> Dict[str, List[str]]:
+    """Shared libraries under the directories whose dependencies ldd cannot resolve (by library)."""
+    allowed = DRIVER_LIBRARIES if allowed is None else allowed
+    problems: Dict[str, List[str]] = {}
+    for directory in directories:
+        for path in sorted(Path(directory).rglob("*.so*")):
+            if not path.is_file() or path.is_symlink():
+                continue
+            output = subprocess.run(["ldd", str(path)], capture_output=True, text=True).stdout
+            missing = [
+                line.split("=>")[0].strip()
+                for line in output.splitlines()
+                if "not found" in line and line.split("=>")[0].strip() not in allowed
+            ]
+            if missing:
+                problems[str(path)] = missing
+    return problems
+
+
+def check_trtllm(ctx: Context) -> Metrics:
+    """TensorRT-LLM imports and every library it ships resolves (all but the driver's on CPU)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("tensorrt_llm")
+    if spec is None or spec.origin is None:
+        raise Skip("TensorRT-LLM is not in this image")
+    package = Path(spec.origin).parent
+    directories = [str(package)]
+    tensorrt_libs = importlib.util.find_spec("tensorrt_libs")
+    if tensorrt_libs is not None and tensorrt_libs.origin:
+        directories.append(str(Path(tensorrt_libs.origin).parent))
+    problems = unresolved_libraries(directories, DRIVER_LIBRARIES if not ctx.cuda else set())
+    if problems:
+        first = next(iter(problems.items()))
+        raise Failure(f"{len(problems)} libraries do not resolve, e.g. {first[0]}: {', '.join(first[1])}")
+    start = time.perf_counter()
+    import tensorrt_llm
+
+    return {"version": tensorrt_llm.__version__, "import_s": round(time.perf_counter() - start, 2)}
+
+
 CHECKS = [
     ("environment", check_environment),
     ("torch.compile", check_compile),
@@ -450,6 +495,7 @@ CHECKS = [
     ("sdpa", check_sdpa),
     ("throughput", check_throughput),
     ("distributed", check_distributed),
+    ("tensorrt-llm", check_trtllm),
 ]
 
 

@@ -18,6 +18,7 @@ import os
 import re
 import tempfile
 import threading
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -84,12 +85,16 @@ class Wheelhouse:
     # ------------------------------------------------------------ finding files
 
     @functools.cache  # noqa: B019 - one listing per project and index for the wheelhouse's life
-    def _listing(self, project: str, index_url: str | None, find_links: tuple[str, ...]) -> list[pypi.WheelFile]:
+    def _listing(self, project: str, index_urls: tuple[str, ...], find_links: tuple[str, ...]) -> list[pypi.WheelFile]:
         files: list[pypi.WheelFile] = []
         for directory in find_links:
             files += pypi.find_links_files(project, Path(directory))
-        if index_url:
-            files += pypi.index_files(project, index_url)
+        for url in index_urls:
+            try:
+                files += pypi.index_files(project, url)
+            except urllib.error.HTTPError as error:
+                if error.code != 404:  # an index without this project is normal with extra_urls
+                    raise
         return files
 
     def refs(self, cell: Cell, grid: Matrix, lock: Lockfile) -> list[WheelRef]:
@@ -100,7 +105,7 @@ class Wheelhouse:
         refs = []
         for package in lock.packages.values():
             best: tuple[int, WheelRef] | None = None
-            for wheel in self._listing(package.name, index.url, links):
+            for wheel in self._listing(package.name, tuple(index.urls), links):
                 name, version, _, file_tags = parse_wheel_filename(wheel.filename)
                 if canonicalize_name(name) != package.name or str(version) != package.version:
                     continue

@@ -200,3 +200,26 @@ def test_a_from_build_of_the_image_runs_torch(built: BuiltCell, tmp_path: Path) 
 def test_report_json_is_what_the_image_printed(smoke_result: smoke.SmokeResult) -> None:
     stored = json.loads(smoke_result.path.read_text())
     assert stored["image_id"] == smoke_result.image_id and stored["status"] == smoke_result.report["status"]
+
+
+def test_library_check_resolves_torch_and_catches_a_missing_dependency(built: BuiltCell) -> None:
+    # Positive: every library torch ships resolves in the image (the driver's libcuda aside).
+    # Negative control: a library linked against one that is then deleted is reported.
+    program = (
+        "import json, subprocess, sys, tempfile, os\n"
+        "sys.path.insert(0, '/opt/torch-images')\n"
+        "import selftest, torch\n"
+        "lib = os.path.join(os.path.dirname(torch.__file__), 'lib')\n"
+        "work = tempfile.mkdtemp()\n"
+        "src = os.path.join(work, 'x.c'); open(src, 'w').write('int ghost(void); int f(void){return ghost();}')\n"
+        "open(os.path.join(work, 'g.c'), 'w').write('int ghost(void){return 1;}')\n"
+        "subprocess.run(['gcc', '-shared', '-fPIC', '-o', os.path.join(work, 'libghost.so'),"
+        " os.path.join(work, 'g.c')], check=True)\n"
+        "subprocess.run(['gcc', '-shared', '-fPIC', '-o', os.path.join(work, 'libneeds.so'), src,"
+        " '-L' + work, '-lghost'], check=True)\n"
+        "os.remove(os.path.join(work, 'libghost.so'))\n"
+        "print(json.dumps([selftest.unresolved_libraries([lib]), selftest.unresolved_libraries([work])]))\n"
+    )
+    torch_problems, ghost_problems = json.loads(built.run("python", "-c", program).strip().splitlines()[-1])
+    assert torch_problems == {}
+    assert list(ghost_problems.values()) == [["libghost.so"]]

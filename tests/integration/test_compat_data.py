@@ -1,0 +1,40 @@
+"""The committed compatibility data agrees with what the indexes publish today."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+
+from builder import compat, pypi
+
+pytestmark = pytest.mark.network
+
+
+@pytest.fixture(scope="module")
+def pypi_reachable() -> None:
+    try:
+        urllib.request.urlopen("https://pypi.org/simple/", timeout=10)
+    except OSError as error:
+        pytest.skip(f"PyPI is not reachable from here ({error}); the data cannot be checked")
+
+
+def test_torch_builds_on_pypi_match_their_wheels_metadata(pypi_reachable: None) -> None:
+    table = compat.TorchWheels.load().table["pypi"]
+    for version in sorted(table, key=compat.version_key)[-2:]:  # the newest two: each reads one METADATA
+        [fresh] = compat.read_torch_builds([version], ["https://pypi.org/simple"], [], [])
+        assert fresh == table[version], version
+
+
+def test_trtllm_releases_match_their_published_metadata(pypi_reachable: None) -> None:
+    releases = compat.load_trtllm()
+    assert releases, "data/trtllm.json is empty"
+    for version, release in releases.items():
+        assert compat.read_trtllm_release(version, "https://pypi.org/simple") == release, version
+
+
+def test_every_trtllm_stub_on_pypi_is_a_source_distribution_not_a_wheel(pypi_reachable: None) -> None:
+    # Why the builder never takes tensorrt-llm from PyPI: there is nothing there to install.
+    for version in compat.load_trtllm():
+        wheels = [f for f in pypi.index_files("tensorrt-llm", "https://pypi.org/simple") if f.version == version]
+        assert wheels == [], f"PyPI now has real wheels of tensorrt-llm {version}: {wheels}"
