@@ -20,7 +20,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from builder import base, lock, render, wheelhouse
+from builder import base, lock, render, repro, wheelhouse
 from builder.cell import Cell
 from builder.errors import UserError
 from builder.matrix import Matrix
@@ -58,6 +58,7 @@ def build_cell(
     house: wheelhouse.Wheelhouse,
     report: Report,
     no_cache: bool = False,
+    normalize: bool = True,
 ) -> BuildResult:
     reference = local_reference(grid, cell)
     result = BuildResult(cell.name, reference)
@@ -67,11 +68,16 @@ def build_cell(
     house.prepare(cell, grid, lock.read_locks(cell))
     base_reference = base.ensure(engine, cell.base, grid.spec.source_date_epoch, report)
     with wheelhouse.serve(house, grid.spec.wheelhouse.listen):
-        error = _stream_build(engine, cell, reference, base_reference, report, no_cache)
+        error = _stream_build(
+            engine, cell, reference, base_reference, report, no_cache, grid.spec.source_date_epoch
+        )
     result.seconds = time.monotonic() - started
     if error:
         result.status, result.detail = "failed", error
         return result
+    if normalize:
+        repro.normalize_image(engine, reference, grid.spec.source_date_epoch, report)
+        result.seconds = time.monotonic() - started
     image = engine.images.get(reference)
     result.image_id, result.size_bytes, result.status = image.id, int(image.attrs["Size"]), "built"
     return result
@@ -91,12 +97,16 @@ def context_paths(cell: Cell) -> list[Path]:
     return [p.relative_to(REPO_ROOT) for p in paths if p.exists()]
 
 
-def context_tar(cell: Cell) -> io.BytesIO:
+def context_tar(cell: Cell, epoch: int) -> io.BytesIO:
     """The build context as a tar of exactly context_paths (small: locks, specs, scripts)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
         for path in context_paths(cell):
-            archive.add(REPO_ROOT / path, arcname=path.as_posix(), recursive=False)
+            # Fixed times and owners: a checkout's file times must not reach a COPY'd layer.
+            info = archive.gettarinfo(str(REPO_ROOT / path), arcname=path.as_posix())
+            info.mtime, info.uid, info.gid, info.uname, info.gname = epoch, 0, 0, "", ""
+            with (REPO_ROOT / path).open("rb") as handle:
+                archive.addfile(info, handle)
     buffer.seek(0)
     return buffer
 
@@ -108,11 +118,12 @@ def _stream_build(
     base_reference: str,
     report: Report,
     no_cache: bool,
+    epoch: int,
 ) -> str:
     """Run the build, reporting each step; returns the engine's error, or "" on success."""
     dockerfile = (lock.cell_dir(cell) / "Dockerfile").as_posix()
     stream = engine.api.build(
-        fileobj=context_tar(cell),
+        fileobj=context_tar(cell, epoch),
         custom_context=True,
         dockerfile=dockerfile,
         tag=reference,

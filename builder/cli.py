@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from builder import build, compat, engine, lock, matrix, publish, render, smoke, wheelhouse
+from builder import build, compat, engine, lock, matrix, publish, render, repro, smoke, wheelhouse
 from builder.errors import EXIT_USER_ERROR, UserError
 
 console = Console(stderr=True)
@@ -144,7 +144,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     results = []
     for cell in cells:
         with console.status(f"{cell.name}: starting") as status:
-            result = build.build_cell(client, grid, cell, house, lambda text: status.update(text), args.no_cache)
+            result = build.build_cell(
+                client, grid, cell, house, lambda text: status.update(text), args.no_cache, not args.no_normalize
+            )
         if result.status == "built" and not args.no_smoke:
             with console.status(f"{cell.name}: running the self-test in the image"):
                 verdict = smoke.run(client, result.reference)
@@ -197,6 +199,33 @@ def cmd_publish(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify_repro(args: argparse.Namespace) -> int:
+    grid = _matrix(args)
+    client = engine.client()
+    house = wheelhouse.Wheelhouse()
+    failed = 0
+    for cell in _cells(args, grid):
+        ids = []
+        for attempt in (1, 2):
+            with console.status(f"{cell.name}: build {attempt} of 2, without cache") as status:
+                result = build.build_cell(client, grid, cell, house, lambda t: status.update(t), no_cache=True)
+            if result.status != "built":
+                raise UserError(f"{cell.name}: build {attempt} failed: {result.detail}")
+            ids.append(result.image_id)
+        verdict = repro.compare(client, cell.name, ids[0], ids[1])
+        table = Table(title=f"{cell.name}: {'reproducible' if verdict.reproducible else 'NOT reproducible'}")
+        for column in ("layer", "build 1", "build 2", "same"):
+            table.add_column(column)
+        for index, (first, second) in enumerate(verdict.layers):
+            table.add_row(str(index), first[7:19], second[7:19], "yes" if first == second else "NO")
+        Console(width=200).print(table)
+        console.print(f"image ID: {ids[0][7:19]} and {ids[1][7:19]}")
+        for index, paths in verdict.differences.items():
+            console.print(f"layer {index} differs in: {', '.join(paths)}")
+        failed += not verdict.reproducible
+    return 1 if failed else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m builder", description=__doc__)
     parser.add_argument("--matrix", default=str(matrix.DEFAULT_MATRIX), help="matrix file (default: ./matrix.yaml)")
@@ -221,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     build_cmd.add_argument("--all", action="store_true", help="every buildable cell")
     build_cmd.add_argument("--no-cache", action="store_true")
     build_cmd.add_argument("--no-smoke", action="store_true", help="skip the self-test (the image cannot be published)")
+    build_cmd.add_argument("--no-normalize", action="store_true", help="keep the engine's timestamps (not reproducible)")
     build_cmd.set_defaults(func=cmd_build)
 
     publish_cmd = commands.add_parser("publish", help="push cells whose self-test passed (default: the flagship)")
@@ -228,6 +258,11 @@ def build_parser() -> argparse.ArgumentParser:
     publish_cmd.add_argument("--all", action="store_true")
     publish_cmd.add_argument("--registry", help="override matrix.yaml's registry (host:port)")
     publish_cmd.set_defaults(func=cmd_publish)
+
+    repro_cmd = commands.add_parser("verify-repro", help="build a cell twice without cache and compare the images")
+    repro_cmd.add_argument("cells", nargs="*")
+    repro_cmd.add_argument("--all", action="store_true")
+    repro_cmd.set_defaults(func=cmd_verify_repro)
 
     smoke_cmd = commands.add_parser("smoke", help="run the in-image self-test on cells or images")
     smoke_cmd.add_argument("targets", nargs="*", help="cell names or image references (default: the flagship)")

@@ -1,0 +1,339 @@
+"""Bit-for-bit reproducible images: normalize a built image, and prove it by building twice.
+
+The engine's classic builder stamps the build time on every file it writes and on the
+config. After a build, each layer is rewritten — entries sorted by name, mtimes clamped to
+SOURCE_DATE_EPOCH, numeric owners, hard links kept valid, volatile files (apt lists, logs,
+ldconfig's aux-cache, pip caches) dropped — and the config gets fixed times and loses the
+fields that name the build host. The result is loaded back under the same tag. Bytecode is
+already deterministic: the images set SOURCE_DATE_EPOCH, under which py_compile writes
+hash-based .pyc files.
+
+Everything streams through files on disk: a layer of several GB is never held in memory.
+Each normalized layer leaves a manifest (path, type, mode, size, sha256) so that
+`verify-repro` can name the paths that differ between two builds.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import io
+import json
+import os
+import re
+import tarfile
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import docker
+
+Report = Callable[[str], None]
+# Paths whose content changes from build to build and that no image needs.
+VOLATILE = re.compile(
+    r"^(var/lib/apt/lists/.+|var/cache/apt/.+\.bin|var/cache/ldconfig/aux-cache|var/log/.+\.log"
+    r"|var/log/apt/.+|var/cache/debconf/.+-old|var/lib/dpkg/.+-old|root/\.cache/pip(/.*)?|tmp/.+)$"
+)
+# Config fields that describe the machine and moment of the build, not the image.
+VOLATILE_CONFIG = ("container", "container_config", "docker_version", "author", "os.version")
+KEPT_PAX = ("SCHILY.xattr.", "path", "linkpath")
+
+
+def cache_dir() -> Path:
+    root = Path(os.environ.get("TORCH_IMAGES_CACHE", Path.home() / ".cache" / "torch-images"))
+    path = root / "layers"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def timestamp(epoch: int) -> str:
+    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class Entry:
+    info: tarfile.TarInfo
+    offset: int = -1  # of its data in the spool file, for regular files
+
+
+def _clean_info(info: tarfile.TarInfo, epoch: int) -> tarfile.TarInfo:
+    clean = tarfile.TarInfo(info.name)
+    clean.type, clean.mode, clean.size = info.type, info.mode, info.size if info.isreg() else 0
+    clean.uid, clean.gid, clean.uname, clean.gname = info.uid, info.gid, "", ""
+    clean.mtime = min(int(info.mtime), epoch)
+    clean.linkname, clean.devmajor, clean.devminor = info.linkname, info.devmajor, info.devminor
+    clean.pax_headers = {k: v for k, v in info.pax_headers.items() if k.startswith(KEPT_PAX[0])}
+    return clean
+
+
+def _spool_layer(stream: IO[bytes], spool: IO[bytes], epoch: int) -> list[Entry]:
+    """Read a layer tar once, in order, keeping metadata in memory and file data in the spool."""
+    entries = []
+    with tarfile.open(fileobj=stream, mode="r|") as layer:
+        for info in layer:
+            name = info.name.removeprefix("./").rstrip("/")
+            if not name or VOLATILE.match(name):
+                continue
+            info.name = name
+            if info.islnk():
+                info.linkname = info.linkname.removeprefix("./")
+            entry = Entry(_clean_info(info, epoch))
+            if info.isreg():
+                entry.offset = spool.tell()
+                source = layer.extractfile(info)
+                assert source is not None
+                while chunk := source.read(1 << 20):
+                    spool.write(chunk)
+            entries.append(entry)
+    return entries
+
+
+def _order(entries: list[Entry]) -> list[Entry]:
+    """Entries sorted by name, each hard-link group headed by the first of its members."""
+    by_name = {e.info.name: e for e in entries}
+    ordered = sorted(entries, key=lambda e: e.info.name)
+    heads: dict[str, str] = {}  # original link target -> the name that now carries the data
+    result = []
+    for entry in ordered:
+        info = entry.info
+        if info.islnk():
+            target = info.linkname
+            if target not in by_name:  # the target was volatile and dropped: keep the data here
+                continue
+            if target in heads:
+                info.linkname = heads[target]
+            elif by_name[target].info.name > info.name:  # its target comes later: this one carries the data
+                original = by_name[target]
+                heads[target] = info.name
+                info.type, info.size, info.linkname = tarfile.REGTYPE, original.info.size, ""
+                entry.offset = original.offset
+            else:
+                heads.setdefault(target, target)
+                info.linkname = heads[target]
+        elif info.isreg() and info.name in heads and heads[info.name] != info.name:
+            info.type, info.size, info.linkname = tarfile.LNKTYPE, 0, heads[info.name]
+        elif info.isreg():
+            heads.setdefault(info.name, info.name)
+        result.append(entry)
+    return result
+
+
+class _Reader(io.RawIOBase):
+    """A window of the spool file, for tarfile.addfile."""
+
+    def __init__(self, spool: IO[bytes], offset: int, size: int, digest: Any) -> None:
+        self.spool, self.position, self.end, self.digest = spool, offset, offset + size, digest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        count = min(len(buffer), self.end - self.position)
+        if count <= 0:
+            return 0
+        self.spool.seek(self.position)
+        data = self.spool.read(count)
+        buffer[: len(data)] = data
+        self.digest.update(data)
+        self.position += len(data)
+        return len(data)
+
+
+class _HashingWriter(io.RawIOBase):
+    def __init__(self, sink: IO[bytes]) -> None:
+        self.sink, self.digest = sink, hashlib.sha256()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        self.digest.update(data)
+        return self.sink.write(data)
+
+
+def normalize_layer(stream: IO[bytes], epoch: int, workdir: Path) -> tuple[str, Path, list[list[Any]]]:
+    """Rewrite one layer; returns its diff_id, the normalized tar and its file manifest."""
+    with tempfile.TemporaryFile(dir=workdir) as spool:
+        entries = _order(_spool_layer(stream, spool, epoch))
+        handle, name = tempfile.mkstemp(dir=workdir, suffix=".tar")
+        manifest: list[list[Any]] = []
+        with os.fdopen(handle, "wb") as raw:
+            writer = _HashingWriter(raw)
+            with tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT) as out:
+                for entry in entries:
+                    info = entry.info
+                    if info.isreg():
+                        content = hashlib.sha256()
+                        out.addfile(info, _Reader(spool, entry.offset, info.size, content))
+                        manifest.append([info.name, "file", oct(info.mode), info.size, content.hexdigest()])
+                    else:
+                        out.addfile(info)
+                        kind = {tarfile.DIRTYPE: "dir", tarfile.SYMTYPE: "symlink", tarfile.LNKTYPE: "hardlink"}
+                        manifest.append([info.name, kind.get(info.type, "other"), oct(info.mode), 0, info.linkname])
+    return "sha256:" + writer.digest.hexdigest(), Path(name), manifest
+
+
+def normalize_config(config: dict[str, Any], diff_ids: list[str], epoch: int) -> bytes:
+    created = timestamp(epoch)
+    config = {k: v for k, v in config.items() if k not in VOLATILE_CONFIG}
+    config["created"] = created
+    config["history"] = [{**h, "created": created} for h in config.get("history", [])]
+    inner = dict(config.get("config") or {})
+    inner["Hostname"], inner["Domainname"] = "", ""
+    inner.pop("Image", None)  # the ID of the unnormalized parent: differs per build
+    config["config"] = inner
+    config["rootfs"] = {"type": "layers", "diff_ids": diff_ids}
+    return json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _saved_members(engine: docker.DockerClient, image_id: str) -> Iterator[tuple[tarfile.TarInfo, IO[bytes] | None]]:
+    """Members of `docker save`, streamed."""
+    response = engine.api.get_image(image_id, chunk_size=1 << 20)
+    stream = io.BufferedReader(_IterStream(response), buffer_size=1 << 20)
+    with tarfile.open(fileobj=stream, mode="r|") as saved:
+        for member in saved:
+            yield member, saved.extractfile(member) if member.isreg() else None
+
+
+class _IterStream(io.RawIOBase):
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks, self.pending = iter(chunks), b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        while not self.pending:
+            try:
+                self.pending = next(self.chunks)
+            except StopIteration:
+                return 0
+        count = min(len(buffer), len(self.pending))
+        buffer[:count], self.pending = self.pending[:count], self.pending[count:]
+        return count
+
+
+def _mapping_file() -> Path:
+    return cache_dir() / "normalized.json"
+
+
+def _known_normalized(engine: docker.DockerClient, raw_id: str) -> str | None:
+    path = _mapping_file()
+    mapping = json.loads(path.read_text()) if path.exists() else {}
+    known = mapping.get(raw_id)
+    if known:
+        try:
+            engine.images.get(known)
+            return str(known)
+        except docker.errors.ImageNotFound:
+            return None
+    return None
+
+
+def _remember(raw_id: str, normalized_id: str) -> None:
+    path = _mapping_file()
+    mapping = json.loads(path.read_text()) if path.exists() else {}
+    mapping[raw_id] = normalized_id
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(mapping, indent=1))
+    os.replace(temporary, path)
+
+
+def normalize_image(engine: docker.DockerClient, reference: str, epoch: int, report: Report = print) -> str:
+    """Normalize the image tagged `reference` and move the tag to the result; returns its ID."""
+    raw_id: str = engine.images.get(reference).id
+    known = _known_normalized(engine, raw_id)
+    if known:
+        engine.images.get(known).tag(*reference.rsplit(":", 1))
+        return known
+    report(f"normalizing {reference}")
+    with tempfile.TemporaryDirectory(dir=cache_dir()) as scratch:
+        workdir = Path(scratch)
+        layers: dict[str, tuple[str, Path]] = {}  # saved member name -> (diff_id, file)
+        aliases: dict[str, str] = {}  # a repeated layer saved as a link to the first copy
+        config: dict[str, Any] = {}
+        manifest: list[dict[str, Any]] = []
+        for member, handle in _saved_members(engine, raw_id):
+            if member.issym() and member.name.endswith("/layer.tar"):
+                aliases[member.name] = os.path.normpath(os.path.join(os.path.dirname(member.name), member.linkname))
+                continue
+            if handle is None:
+                continue
+            if member.name.endswith("/layer.tar"):
+                diff_id, path, files = normalize_layer(handle, epoch, workdir)
+                (cache_dir() / f"{diff_id.removeprefix('sha256:')}.manifest.json").write_text(json.dumps(files))
+                layers[member.name] = (diff_id, path)
+            elif member.name == "manifest.json":
+                manifest = json.loads(handle.read())
+            elif member.name.endswith(".json") and "/" not in member.name:
+                config = json.loads(handle.read())
+        ordered = [layers[aliases.get(name, name)] for name in manifest[0]["Layers"]]
+        config_bytes = normalize_config(config, [d for d, _ in ordered], epoch)
+        archive = workdir / "image.tar"
+        _write_archive(archive, config_bytes, ordered, reference, epoch)
+        with archive.open("rb") as stream:
+            loaded = engine.images.load(stream)
+    normalized_id: str = loaded[0].id
+    _remember(raw_id, normalized_id)
+    return normalized_id
+
+
+def _write_archive(archive: Path, config: bytes, layers: list[tuple[str, Path]], reference: str, epoch: int) -> None:
+    config_name = hashlib.sha256(config).hexdigest() + ".json"
+    names = [f"{d.removeprefix('sha256:')}/layer.tar" for d, _ in layers]
+    manifest = json.dumps([{"Config": config_name, "RepoTags": [reference], "Layers": names}]).encode()
+    with tarfile.open(archive, "w") as out:
+        for name, payload in ((config_name, config), ("manifest.json", manifest)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(payload), epoch
+            out.addfile(info, io.BytesIO(payload))
+        written = set()
+        for name, (_, path) in zip(names, layers, strict=True):
+            if name in written:  # an empty layer may repeat
+                continue
+            written.add(name)
+            info = out.gettarinfo(str(path), arcname=name)
+            info.mtime, info.uid, info.gid, info.uname, info.gname = epoch, 0, 0, "", ""
+            with path.open("rb") as handle:
+                out.addfile(info, handle)
+
+
+def layer_manifest(diff_id: str) -> list[list[Any]] | None:
+    path = cache_dir() / f"{diff_id.removeprefix('sha256:')}.manifest.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def differing_paths(first: str, second: str, limit: int = 20) -> list[str]:
+    """Paths whose entries differ between two normalized layers (by their manifests)."""
+    a, b = layer_manifest(first), layer_manifest(second)
+    if a is None or b is None:
+        return ["(no manifest recorded for one of the layers)"]
+    left = {row[0]: row[1:] for row in a}
+    right = {row[0]: row[1:] for row in b}
+    names = sorted(n for n in set(left) | set(right) if left.get(n) != right.get(n))
+    return names[:limit] + ([f"... and {len(names) - limit} more"] if len(names) > limit else [])
+
+
+@dataclass
+class Verdict:
+    cell: str
+    first_id: str
+    second_id: str
+    layers: list[tuple[str, str]]  # (first build's diff_id, second's), layer by layer
+    differences: dict[int, list[str]]  # layer index -> differing paths
+
+    @property
+    def reproducible(self) -> bool:
+        return self.first_id == self.second_id
+
+
+def compare(engine: docker.DockerClient, cell: str, first_id: str, second_id: str) -> Verdict:
+    first = engine.images.get(first_id).attrs["RootFS"]["Layers"]
+    second = engine.images.get(second_id).attrs["RootFS"]["Layers"]
+    pairs = [(a, b) for a, b in zip(first, second, strict=False)]
+    differences = {i: differing_paths(a, b) for i, (a, b) in enumerate(pairs) if a != b}
+    if len(first) != len(second):
+        differences[len(pairs)] = [f"layer count differs: {len(first)} against {len(second)}"]
+    return Verdict(cell, first_id, second_id, pairs, differences)
