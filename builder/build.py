@@ -68,9 +68,7 @@ def build_cell(
     house.prepare(cell, grid, lock.read_locks(cell))
     base_reference = base.ensure(engine, cell.base, grid.spec.source_date_epoch, report)
     with wheelhouse.serve(house, grid.spec.wheelhouse.listen):
-        error = _stream_build(
-            engine, cell, reference, base_reference, report, no_cache, grid.spec.source_date_epoch
-        )
+        error = _stream_build(engine, cell, reference, base_reference, report, no_cache, grid.spec.source_date_epoch)
     result.seconds = time.monotonic() - started
     if error:
         result.status, result.detail = "failed", error

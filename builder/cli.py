@@ -103,13 +103,12 @@ def cmd_lock(args: argparse.Namespace) -> int:
             print(problem)
         return 1 if problems else 0
     failures = []
-    for cell in cells:  # one cell that cannot resolve must not stop the others
-        try:
-            with console.status(f"locking {cell.name}"):
-                written = lock.lock_cell(cell, grid)
-            console.print(f"{cell.name}: {', '.join(str(p) for p in written)}")
-        except UserError as error:
-            failures.append(error.line())
+    with console.status(f"locking {len(cells)} cells, {args.jobs} at a time"):
+        for cell, outcome in lock.lock_cells(cells, grid, args.jobs):
+            if isinstance(outcome, UserError):  # one cell that cannot resolve must not stop the others
+                failures.append(outcome.line())
+            else:
+                console.print(f"{cell.name}: {', '.join(str(p) for p in outcome)}")
     for failure in failures:
         console.print(f"[red]error:[/red] {failure}", highlight=False, soft_wrap=True)
     return EXIT_USER_ERROR if failures else 0
@@ -239,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     lock_cmd.add_argument("cells", nargs="*")
     lock_cmd.add_argument("--all", action="store_true")
     lock_cmd.add_argument("--check", action="store_true", help="fail when a lock does not match the matrix")
+    lock_cmd.add_argument("--jobs", type=int, default=4, help="cells resolved at once (default 4)")
     lock_cmd.set_defaults(func=cmd_lock)
 
     render_cmd = commands.add_parser("render", help="write images/<cell>/Dockerfile and spec.json")
@@ -250,7 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     build_cmd.add_argument("--all", action="store_true", help="every buildable cell")
     build_cmd.add_argument("--no-cache", action="store_true")
     build_cmd.add_argument("--no-smoke", action="store_true", help="skip the self-test (the image cannot be published)")
-    build_cmd.add_argument("--no-normalize", action="store_true", help="keep the engine's timestamps (not reproducible)")
+    build_cmd.add_argument(
+        "--no-normalize", action="store_true", help="keep the engine's timestamps (not reproducible)"
+    )
     build_cmd.set_defaults(func=cmd_build)
 
     publish_cmd = commands.add_parser("publish", help="push cells whose self-test passed (default: the flagship)")

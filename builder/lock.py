@@ -17,6 +17,8 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -213,6 +215,19 @@ def lock_cell(cell: Cell, grid: Matrix) -> list[Path]:
     elif flavor_path.exists():
         flavor_path.unlink()
     return written
+
+
+def lock_cells(cells: list[Cell], grid: Matrix, jobs: int = 4) -> Iterator[tuple[Cell, list[Path] | UserError]]:
+    """Lock cells concurrently (each writes only its own directory); yields each outcome in order."""
+
+    def attempt(cell: Cell) -> list[Path] | UserError:
+        try:
+            return lock_cell(cell, grid)
+        except UserError as error:
+            return error
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        yield from zip(cells, pool.map(attempt, cells), strict=True)
 
 
 def _write(path: Path, text: str) -> Path:

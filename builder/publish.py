@@ -13,6 +13,7 @@ An image whose tags and aliases already point at its digest is left alone.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -153,14 +154,15 @@ def _move_aliases(registry: Registry, grid: Matrix, items: list[Publication], re
                 before = registry.manifest(repository, alias)
                 if before and before.digest == item.digest:
                     continue
-                previous.append((alias, before))
                 registry.put_manifest(repository, alias, target)
+                previous.append((alias, before))  # only aliases that did move need putting back
                 item.moved_aliases.append(alias)
                 report(f"moved {alias} -> {item.digest[:19]}")
     except UserError:
         for alias, before in reversed(previous):
             if before is not None:
-                registry.put_manifest(repository, alias, before)
+                with contextlib.suppress(UserError):  # put back as many as the registry takes
+                    registry.put_manifest(repository, alias, before)
         raise
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -72,3 +73,24 @@ def test_render_without_a_lock_says_to_lock_first(grid: Matrix) -> None:
     assert render.drift([cell], grid) == [
         f"{lock.cell_dir(cell) / lock.STACK_LOCK} is missing; run `python -m builder lock {cell.name}` first"
     ]
+
+
+def test_trtllm_flavor_renders_its_system_packages_lock_and_cuda_home(
+    tmp_path: Path, matrix_file: Path, wheels: TorchWheels, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.unit.test_trtllm import RELEASES
+
+    monkeypatch.setattr(lock, "IMAGES_DIR", tmp_path / "images")
+    wheels.table["pypi"]["2.7.1"] = dataclasses.replace(wheels.table["pypi"]["2.6.0"], version="2.7.1")
+    text = matrix_file.read_text().replace('python: "3.11"', 'python: "3.12"')
+    matrix_file.write_text(text + 'include:\n  - {torch: "2.7.1", base: bookworm, flavor: trtllm, trtllm: "1.0.0"}\n')
+    grid = load_matrix(matrix_file, wheels, RELEASES)
+    cell = grid.cell("2.7.1-cu12.4-bookworm-trtllm1.0.0")
+    lock.cell_dir(cell).mkdir(parents=True)
+    (lock.cell_dir(cell) / lock.STACK_LOCK).write_text(LOCK_TEXT.replace("torch==2.9.1", "torch==2.7.1"))
+    (lock.cell_dir(cell) / lock.FLAVOR_LOCK).write_text("tensorrt-llm==1.0.0 --hash=sha256:" + "e" * 64 + "\n")
+    dockerfile = render.rendered(cell, grid)[lock.cell_dir(cell) / "Dockerfile"]
+    flavor_part = dockerfile.split("# ---- flavor trtllm")[1].split("# ---- self-test")[0]
+    for expected in ("libopenmpi-dev", "openmpi-bin", "libpython3-dev", "/opt/torch-images/flavor.lock", "CUDA_HOME"):
+        assert expected in flavor_part, expected
+    assert 'io.torch-images.tensorrt-llm="1.0.0"' in dockerfile

@@ -1,0 +1,89 @@
+"""Publish logic that needs no registry: alias rollback, records and the README table."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from builder import publish
+from builder.compat import TorchWheels
+from builder.errors import UserError
+from builder.matrix import load_matrix
+from builder.registry import Manifest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def manifest(name: str) -> Manifest:
+    return Manifest(name.encode(), "application/vnd.oci.image.manifest.v1+json", f"sha256:{name}")
+
+
+class FlakyRegistry:
+    """A registry whose manifest PUT fails for one tag: enough to exercise the rollback."""
+
+    def __init__(self, tags: dict[str, Manifest], failing: str) -> None:
+        self.tags, self.failing, self.puts = tags, failing, []  # type: ignore[var-annotated]
+
+    def manifest(self, repository: str, reference: str) -> Manifest | None:
+        return self.tags.get(reference)
+
+    def put_manifest(self, repository: str, reference: str, value: Manifest) -> str:
+        self.puts.append(reference)
+        if reference == self.failing:
+            raise UserError(f"registry refused the manifest for {reference}")
+        self.tags[reference] = value
+        return value.digest
+
+
+def test_a_failed_alias_move_puts_the_moved_aliases_back(matrix_file: Path, wheels: TorchWheels) -> None:
+    grid = load_matrix(matrix_file, wheels)
+    cell = grid.flagship
+    assert cell.aliases == ("2.9-cu12.8-runtime", "latest")
+    old, new = manifest("old"), manifest("new")
+    registry = FlakyRegistry({cell.tag: new, "2.9-cu12.8-runtime": old, "latest": old}, failing="latest")
+    item = publish.Publication(cell, "sha256:image", {"status": "pass"}, digest=new.digest)
+    with pytest.raises(UserError, match="refused the manifest for latest"):
+        publish._move_aliases(registry, grid, [item], lambda _: None)  # type: ignore[arg-type]
+    assert registry.tags["2.9-cu12.8-runtime"] == old and registry.tags["latest"] == old
+    assert registry.puts == ["2.9-cu12.8-runtime", "latest", "2.9-cu12.8-runtime"]  # the failed one is not retried
+
+
+def test_records_regenerate_the_readme_table_between_its_markers(tmp_path: Path) -> None:
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / "a.json").write_text(
+        json.dumps(
+            {
+                "repository": "127.0.0.1:5000/torch",
+                "tags": ["2.9.1-cu12.8-cudnn9.10-py3.11-bookworm-runtime", "2.9-runtime"],
+                "digest": "sha256:" + "a" * 64,
+                "selftest": {"status": "pass", "passed": 6, "checks": 7, "device": "cpu"},
+            }
+        )
+    )
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{publish.TABLE_START}\nold\n{publish.TABLE_END}\noutro\n")
+    publish.update_readme_table(readme, records)
+    text = readme.read_text()
+    assert text.startswith("intro\n") and text.endswith(f"{publish.TABLE_END}\noutro\n") and "old" not in text
+    assert "| `127.0.0.1:5000/torch:2.9.1-cu12.8-cudnn9.10-py3.11-bookworm-runtime` | `2.9-runtime` |" in text
+
+
+def test_no_engine_is_one_line_naming_the_socket_and_exit_2(tmp_path: Path) -> None:
+    socket = tmp_path / "no-engine.sock"
+    result = subprocess.run(
+        [sys.executable, "-m", "builder", "smoke", "torch:anything"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "DOCKER_HOST": f"unix://{socket}"},
+        check=False,
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    [line] = [line for line in result.stderr.splitlines() if line.strip()]
+    assert line.startswith(f"error: no Docker engine answers at unix://{socket}; start one")
