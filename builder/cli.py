@@ -103,12 +103,19 @@ def cmd_lock(args: argparse.Namespace) -> int:
             print(problem)
         return 1 if problems else 0
     failures = []
+    locked = []
     with console.status(f"locking {len(cells)} cells, {args.jobs} at a time"):
         for cell, outcome in lock.lock_cells(cells, grid, args.jobs):
             if isinstance(outcome, UserError):  # one cell that cannot resolve must not stop the others
                 failures.append(outcome.line())
             else:
+                locked.append(cell)
                 console.print(f"{cell.name}: {', '.join(str(p) for p in outcome)}")
+    if locked and not args.python_only:
+        with console.status("pinning Debian packages (apt resolves in a container of each base)") as status:
+            for cell, path in lock.lock_debian(locked, grid, engine.client()):
+                status.update(f"pinned {path}")
+                console.print(f"{cell.name}: {path}")
     for failure in failures:
         console.print(f"[red]error:[/red] {failure}", highlight=False, soft_wrap=True)
     return EXIT_USER_ERROR if failures else 0
@@ -239,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     lock_cmd.add_argument("--all", action="store_true")
     lock_cmd.add_argument("--check", action="store_true", help="fail when a lock does not match the matrix")
     lock_cmd.add_argument("--jobs", type=int, default=4, help="cells resolved at once (default 4)")
+    lock_cmd.add_argument("--python-only", action="store_true", help="skip pinning Debian packages (needs no engine)")
     lock_cmd.set_defaults(func=cmd_lock)
 
     render_cmd = commands.add_parser("render", help="write images/<cell>/Dockerfile and spec.json")

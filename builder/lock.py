@@ -22,7 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import flavor, pypi
+import docker
+
+from builder import debs, flavor, pypi
 from builder.cell import Cell
 from builder.compat import version_key
 from builder.errors import UserError
@@ -130,16 +132,17 @@ def _uv() -> str:
         return found
 
 
-def _compile(cell: Cell, grid: Matrix, requirements: list[str], overrides: list[str], constraints: Path | None) -> str:
+def _compile(cell: Cell, grid: Matrix, requirements: list[str], overrides: list[str], constraints: str | None) -> str:
+    """uv pip compile for the cell's target. Input files get fixed relative names in a scratch
+    directory, so uv's `# via -r requirements.in` comments are the same on every run."""
     index = grid.index(cell.index)
     with tempfile.TemporaryDirectory() as scratch:
-        infile, override_file = Path(scratch, "requirements.in"), Path(scratch, "overrides.txt")
-        infile.write_text("\n".join(requirements) + "\n")
-        override_file.write_text("\n".join(overrides) + "\n")
+        Path(scratch, "requirements.in").write_text("\n".join(requirements) + "\n")
+        Path(scratch, "overrides.txt").write_text("\n".join(overrides) + "\n")
         command = [
-            _uv(), "pip", "compile", str(infile), "--quiet", "--no-header", "--generate-hashes",
+            _uv(), "pip", "compile", "requirements.in", "--quiet", "--no-header", "--generate-hashes",
             "--only-binary", ":all:", "--python-platform", manylinux_target(cell.base.glibc),
-            "--python-version", cell.python, "--override", str(override_file),
+            "--python-version", cell.python, "--override", "overrides.txt",
             "--index-url" if index.url else "--no-index", *([index.url] if index.url else []),
         ]  # fmt: skip
         for url in index.extra_urls:
@@ -153,11 +156,12 @@ def _compile(cell: Cell, grid: Matrix, requirements: list[str], overrides: list[
                     grid.path,
                 )
             command += ["--find-links", directory]
-        if constraints:
-            command += ["--constraint", str(constraints)]
+        if constraints is not None:
+            Path(scratch, "stack.lock").write_text(constraints)
+            command += ["--constraint", "stack.lock"]
         # uv's own certificate bundle does not know a site's proxy CA; the host's store does.
         env = {**os.environ, "UV_NATIVE_TLS": "1", "UV_NO_CONFIG": "1"}
-        result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+        result = subprocess.run(command, capture_output=True, text=True, env=env, check=False, cwd=scratch)
     if result.returncode != 0:
         detail = " ".join(line.strip() for line in result.stderr.splitlines() if line.strip())[:600]
         raise UserError(f"cannot resolve cell {cell.name}: {detail}", grid.path)
@@ -205,10 +209,7 @@ def lock_cell(cell: Cell, grid: Matrix) -> list[Path]:
     extras = flavor.flavor_requirements(cell)
     flavor_path = directory / FLAVOR_LOCK
     if extras:
-        with tempfile.NamedTemporaryFile("w", suffix=".txt") as constraints:
-            constraints.write(stack_text)
-            constraints.flush()
-            body = _compile(cell, grid, extras, [], Path(constraints.name))
+        body = _compile(cell, grid, extras, [], stack_text)
         written.append(
             _write(flavor_path, HEADER.format(fingerprint=flavor_fingerprint(cell, grid, stack_text)) + body)
         )
@@ -269,14 +270,29 @@ def verify_stack(cell: Cell, lock: Lockfile) -> None:
         raise UserError(f"cell {cell.name}: no hash for {', '.join(missing)}; every locked file needs a sha256")
 
 
+def lock_debian(cells: list[Cell], grid: Matrix, engine: docker.DockerClient) -> Iterator[tuple[Cell, Path]]:
+    """Pin each cell's Debian packages (needs the engine: apt resolves inside the base)."""
+    memo: dict[tuple[str, ...], list[str]] = {}
+    for cell in cells:
+        resolved = debs.resolve(engine, cell, grid.spec.source_date_epoch, memo)
+        path = debs.lock_path(cell_dir(cell))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        yield cell, _write(path, resolved.text(debs.fingerprint(cell)))
+
+
 def check_cell(cell: Cell, grid: Matrix) -> list[str]:
     """Why the cell's locks do not match the matrix (empty when they do)."""
     directory = cell_dir(cell)
+    problems = []
+    debian = debs.lock_path(directory)
+    if not debian.exists():
+        problems.append(f"{debian} is missing; run `python -m builder lock {cell.name}`")
+    elif debs.DebianLock.read(debian).fingerprint != debs.fingerprint(cell):
+        problems.append(f"{debian} is out of date with data/flavors.yaml; run `python -m builder lock {cell.name}`")
     stack_path = directory / STACK_LOCK
     if not stack_path.exists():
-        return [f"{stack_path} is missing; run `python -m builder lock {cell.name}`"]
+        return [*problems, f"{stack_path} is missing; run `python -m builder lock {cell.name}`"]
     stack = Lockfile.read(stack_path)
-    problems = []
     if stack.fingerprint != stack_fingerprint(cell, grid):
         problems.append(f"{stack_path} is out of date with matrix.yaml; run `python -m builder lock {cell.name}`")
     flavor_path = directory / FLAVOR_LOCK

@@ -14,7 +14,7 @@ from typing import Any
 
 import jinja2
 
-from builder import flavor, lock
+from builder import debs, flavor, lock
 from builder.cell import Cell
 from builder.errors import UserError
 from builder.matrix import Matrix
@@ -69,6 +69,10 @@ def context(cell: Cell, grid: Matrix) -> dict[str, Any]:
     if stack is None:
         raise UserError(f"{directory / lock.STACK_LOCK} is missing; run `python -m builder lock {cell.name}` first")
     facts = lock.lock_facts(lock.Lockfile.read(directory / lock.STACK_LOCK))
+    debian_path = debs.lock_path(directory)
+    if not debian_path.exists():
+        raise UserError(f"{debian_path} is missing; run `python -m builder lock {cell.name}` first")
+    debian = debs.DebianLock.read(debian_path)
     table = flavor.load()
     epoch = grid.spec.source_date_epoch
     return {
@@ -81,6 +85,8 @@ def context(cell: Cell, grid: Matrix) -> dict[str, Any]:
         "source_date_epoch": epoch,
         "created": datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "system_packages": table.common_system,
+        "debian_common": debian.common,
+        "debian_flavor": debian.flavor,
         "flavor_system_packages": table.flavors[cell.flavor].system,
         "stack_lock": stack,
         "flavor_lock": _lock_ref(directory / lock.FLAVOR_LOCK),

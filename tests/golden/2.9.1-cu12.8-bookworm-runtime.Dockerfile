@@ -10,18 +10,13 @@ FROM ${BASE_IMAGE}
 ENV DEBIAN_FRONTEND=noninteractive \
     LANG=C.UTF-8 \
     SOURCE_DATE_EPOCH=1733097600
-# A C/C++ toolchain and OpenMP (Inductor, Triton's launcher stubs), Python headers, and the
-# openssl binary Inductor uses to checksum its precompiled header.
+# python3, python3-venv, python3-dev, gcc, g++, libc6-dev, openssl, ca-certificates: a C/C++ toolchain and OpenMP (Inductor, Triton's launcher
+# stubs), Python headers, and the openssl binary Inductor uses to checksum its precompiled
+# header. Every package at the version debian.lock pins, dependencies included.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
-      python3 \
-      python3-venv \
-      python3-dev \
-      gcc \
-      g++ \
-      libc6-dev \
-      openssl \
-      ca-certificates \
+      g++=4:12.2.0-3 \
+      python3=3.11.2-1+b1 \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt /var/log/dpkg.log
 
 # ---- python: the distro's Python in a virtual environment on PATH ----------------------

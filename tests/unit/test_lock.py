@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import lock
+from builder import debs, lock
 from builder.compat import TorchWheels
 from builder.errors import UserError
 from builder.matrix import load_matrix
@@ -78,6 +78,10 @@ def test_check_reports_a_missing_and_then_a_stale_lock(
     lock.cell_dir(cell).mkdir(parents=True)
     path = lock.cell_dir(cell) / lock.STACK_LOCK
     path.write_text(lock.HEADER.format(fingerprint=lock.stack_fingerprint(cell, grid)) + LOCK_TEXT)
+    assert lock.check_cell(cell, grid) == [
+        f"{lock.cell_dir(cell) / 'debian.lock'} is missing; run `python -m builder lock {cell.name}`"
+    ]
+    (lock.cell_dir(cell) / "debian.lock").write_text(debs.DebianLock(("gcc=1",), ()).text(debs.fingerprint(cell)))
     assert lock.check_cell(cell, grid) == []
     matrix_file.write_text(matrix_file.read_text().replace('glibc: "2.36"', 'glibc: "2.37"'))
     regrid = load_matrix(matrix_file, wheels)

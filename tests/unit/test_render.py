@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from builder import lock, render
+from builder import debs, lock, render
 from builder.compat import TorchWheels
 from builder.matrix import Matrix, load_matrix
 from tests.unit.test_lock import LOCK_TEXT
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 NUMPY = "numpy==2.4.6 --hash=sha256:" + "c" * 64 + "\n"
+DEBIAN = debs.DebianLock(("g++=4:12.2.0-3", "python3=3.11.2-1+b1"), ("htop=3.2.2-2",))
 
 
 @pytest.fixture
@@ -27,6 +28,7 @@ def grid(tmp_path: Path, matrix_file: Path, wheels: TorchWheels, monkeypatch: py
         (directory / lock.STACK_LOCK).write_text(
             LOCK_TEXT.replace("torch==2.9.1", f"torch=={cell.torch.version}") + NUMPY
         )
+        (directory / debs.DEBIAN_LOCK).write_text(DEBIAN.text(debs.fingerprint(cell)))
         if cell.flavor == "devel":
             (directory / lock.FLAVOR_LOCK).write_text("py-spy==0.4.3 --hash=sha256:" + "d" * 64 + "\n")
     return grid
@@ -59,7 +61,7 @@ def test_layers_are_shared_by_cells_that_differ_only_in_flavor(grid: Matrix) -> 
 
 
 def test_drift_is_reported_after_a_hand_edit_and_cleared_by_render(grid: Matrix) -> None:
-    assert len(render.drift(grid.cells, grid)) == 2 * len(grid.cells)  # nothing rendered yet
+    assert len(render.drift(grid.cells, grid)) == 2 * len(grid.cells)  # nothing rendered yet: Dockerfile, spec.json
     render.render(grid.cells, grid)
     assert render.drift(grid.cells, grid) == []
     dockerfile = lock.cell_dir(grid.cells[0]) / "Dockerfile"
@@ -88,9 +90,12 @@ def test_trtllm_flavor_renders_its_system_packages_lock_and_cuda_home(
     cell = grid.cell("2.7.1-cu12.4-bookworm-trtllm1.0.0")
     lock.cell_dir(cell).mkdir(parents=True)
     (lock.cell_dir(cell) / lock.STACK_LOCK).write_text(LOCK_TEXT.replace("torch==2.9.1", "torch==2.7.1"))
+    (lock.cell_dir(cell) / debs.DEBIAN_LOCK).write_text(
+        debs.DebianLock(("gcc=4:12.2.0-3",), ("openmpi-bin=4.1.4-3+b1",)).text(debs.fingerprint(cell))
+    )
     (lock.cell_dir(cell) / lock.FLAVOR_LOCK).write_text("tensorrt-llm==1.0.0 --hash=sha256:" + "e" * 64 + "\n")
     dockerfile = render.rendered(cell, grid)[lock.cell_dir(cell) / "Dockerfile"]
     flavor_part = dockerfile.split("# ---- flavor trtllm")[1].split("# ---- self-test")[0]
-    for expected in ("libopenmpi-dev", "openmpi-bin", "libpython3-dev", "/opt/torch-images/flavor.lock", "CUDA_HOME"):
+    for expected in ("openmpi-bin=4.1.4-3+b1", "libpython3-dev", "/opt/torch-images/flavor.lock", "CUDA_HOME"):
         assert expected in flavor_part, expected
     assert 'io.torch-images.tensorrt-llm="1.0.0"' in dockerfile
