@@ -151,7 +151,14 @@ def cmd_build(args: argparse.Namespace) -> int:
     for cell in cells:
         with console.status(f"{cell.name}: starting") as status:
             result = build.build_cell(
-                client, grid, cell, house, lambda text: status.update(text), args.no_cache, not args.no_normalize
+                client,
+                grid,
+                cell,
+                house,
+                lambda text: status.update(text),
+                args.no_cache,
+                not args.no_normalize,
+                args.backend,
             )
         if result.status == "built" and not args.no_smoke:
             with console.status(f"{cell.name}: running the self-test in the image"):
@@ -260,6 +267,13 @@ def build_parser() -> argparse.ArgumentParser:
     build_cmd.add_argument("--no-smoke", action="store_true", help="skip the self-test (the image cannot be published)")
     build_cmd.add_argument(
         "--no-normalize", action="store_true", help="keep the engine's timestamps (not reproducible)"
+    )
+    build_cmd.add_argument(
+        "--backend",
+        choices=["sdk", "buildkit"],
+        default="sdk",
+        help="sdk: the engine's classic builder through the Docker SDK (default, works everywhere); "
+        "buildkit: BuildKit through a docker CLI that offers it",
     )
     build_cmd.set_defaults(func=cmd_build)
 

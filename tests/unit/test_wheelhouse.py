@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import http.server
@@ -27,6 +28,13 @@ def make_wheel(directory: Path, filename: str, payload: bytes = b"x") -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def served_wheel(server: tuple[str, Path], project: str = "demo", payload: bytes = b"x") -> wheelhouse.WheelRef:
+    """A wheel on the loopback file server, and the reference a lock would resolve to."""
+    url, root = server
+    filename = f"{project}-1.0-py3-none-any.whl"
+    return wheelhouse.WheelRef(project, filename, url + filename, make_wheel(root, filename, payload))
+
+
 @pytest.fixture
 def file_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """A real HTTP server on loopback serving a directory, like an index's file host."""
@@ -44,10 +52,9 @@ def file_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 def test_fetch_stores_a_verified_file_under_its_hash_and_downloads_it_once(
     tmp_path: Path, file_server: tuple[str, Path]
 ) -> None:
-    url, root = file_server
-    digest = make_wheel(root, "demo-1.0-py3-none-any.whl")
+    ref = served_wheel(file_server)
+    digest = ref.sha256
     house = wheelhouse.Wheelhouse(tmp_path / "house")
-    ref = wheelhouse.WheelRef("demo", "demo-1.0-py3-none-any.whl", url + "demo-1.0-py3-none-any.whl", digest)
     first = house.fetch(ref)
     assert first == house.root / "sha256" / digest[:2] / digest / "demo-1.0-py3-none-any.whl"
     assert hashlib.sha256(first.read_bytes()).hexdigest() == digest
@@ -60,11 +67,10 @@ def test_fetch_stores_a_verified_file_under_its_hash_and_downloads_it_once(
 def test_a_file_whose_hash_does_not_match_is_refused_and_not_stored(
     tmp_path: Path, file_server: tuple[str, Path]
 ) -> None:
-    url, root = file_server
-    actual = make_wheel(root, "demo-1.0-py3-none-any.whl")
+    actual = served_wheel(file_server).sha256
     house = wheelhouse.Wheelhouse(tmp_path / "house")
     expected = "0" * 64
-    ref = wheelhouse.WheelRef("demo", "demo-1.0-py3-none-any.whl", url + "demo-1.0-py3-none-any.whl", expected)
+    ref = dataclasses.replace(served_wheel(file_server), sha256=expected)
     with pytest.raises(UserError) as caught:
         house.fetch(ref)
     assert caught.value.line() == (
@@ -74,9 +80,8 @@ def test_a_file_whose_hash_does_not_match_is_refused_and_not_stored(
 
 
 def test_concurrent_fetches_of_one_file_share_the_cache_safely(tmp_path: Path, file_server: tuple[str, Path]) -> None:
-    url, root = file_server
-    digest = make_wheel(root, "big-1.0-py3-none-any.whl", b"y" * 5_000_000)
-    ref = wheelhouse.WheelRef("big", "big-1.0-py3-none-any.whl", url + "big-1.0-py3-none-any.whl", digest)
+    ref = served_wheel(file_server, "big", b"y" * 5_000_000)
+    digest = ref.sha256
     houses = [wheelhouse.Wheelhouse(tmp_path / "house") for _ in range(4)]
     with ThreadPoolExecutor(4) as pool:
         paths = list(pool.map(lambda h: h.fetch(ref), houses))
@@ -129,10 +134,9 @@ def test_a_locked_package_without_a_fitting_wheel_is_one_clear_error(
 def test_served_page_links_each_file_with_its_hash_and_a_second_server_reuses_the_first(
     tmp_path: Path, file_server: tuple[str, Path]
 ) -> None:
-    url, root = file_server
-    digest = make_wheel(root, "demo-1.0-py3-none-any.whl")
+    ref = served_wheel(file_server)
+    digest = ref.sha256
     house = wheelhouse.Wheelhouse(tmp_path / "house")
-    ref = wheelhouse.WheelRef("demo", "demo-1.0-py3-none-any.whl", url + "demo-1.0-py3-none-any.whl", digest)
     house.fetch(ref)
     lock_path = tmp_path / "requirements.lock"
     lock_path.write_text(f"demo==1.0 --hash=sha256:{digest}\n")
@@ -162,10 +166,9 @@ def test_a_port_held_by_something_else_is_a_clear_error(tmp_path: Path, file_ser
 def test_a_lock_whose_files_are_cached_is_prepared_without_any_index(
     tmp_path: Path, file_server: tuple[str, Path], matrix_file: Path, wheels: TorchWheels
 ) -> None:
-    url, root = file_server
-    digest = make_wheel(root, "demo-1.0-py3-none-any.whl")
+    ref = served_wheel(file_server)
+    digest = ref.sha256
     house = wheelhouse.Wheelhouse(tmp_path / "house")
-    ref = wheelhouse.WheelRef("demo", "demo-1.0-py3-none-any.whl", url + "demo-1.0-py3-none-any.whl", digest)
     lock_path = tmp_path / "requirements.lock"
     lock_path.write_text(f"demo==1.0 --hash=sha256:{digest}\n")
     locked = lock.Lockfile.read(lock_path)

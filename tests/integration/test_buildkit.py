@@ -1,0 +1,31 @@
+"""The same cell built with BuildKit through the docker CLI, where one offers it."""
+
+from __future__ import annotations
+
+import pytest
+
+from builder import build, wheelhouse
+from tests.integration.conftest import BuiltCell
+
+pytestmark = pytest.mark.integration
+
+
+def test_buildkit_builds_the_cell_and_its_torch_runs(built: BuiltCell) -> None:
+    if build.buildkit_command() is None:
+        pytest.skip("no docker CLI here runs BuildKit builds (Debian's docker.io 20.10 CLI, or one with buildx)")
+    reference = f"{built.reference}-buildkit"
+    grid, cell = built.grid, built.cell
+    result = build.build_cell(
+        built.client, grid, cell, wheelhouse.Wheelhouse(), print, backend="buildkit", reference=reference
+    )
+    try:
+        assert result.status == "built", result.detail
+        program = "import torch; print(torch.compile(lambda x: x * 3)(torch.ones(2)).sum().item())"
+        output = built.client.containers.run(
+            result.image_id, ["python", "-c", program], remove=True, network_mode="none"
+        )
+        assert output.decode().strip().splitlines()[-1] == "6.0"
+        labels = built.client.images.get(result.image_id).labels
+        assert labels["io.torch-images.torch"] == cell.torch.version
+    finally:
+        build.remove_image(built.client, reference)
