@@ -23,6 +23,7 @@ import os
 import re
 import tarfile
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -271,20 +272,48 @@ def normalize_image(engine: docker.DockerClient, reference: str, epoch: int, rep
                 config = json.loads(handle.read())
         ordered = [layers[aliases.get(name, name)] for name in manifest[0]["Layers"]]
         config_bytes = normalize_config(config, [d for d, _ in ordered], epoch)
-        archive = workdir / "image.tar"
-        _write_archive(archive, config_bytes, ordered, reference, epoch)
-        with archive.open("rb") as stream:
-            loaded = engine.images.load(stream)
+        loaded = _load_streaming(engine, config_bytes, ordered, reference, epoch)
     normalized_id: str = loaded[0].id
     _remember(raw_id, normalized_id)
     return normalized_id
 
 
-def _write_archive(archive: Path, config: bytes, layers: list[tuple[str, Path]], reference: str, epoch: int) -> None:
+def _load_streaming(
+    engine: docker.DockerClient, config: bytes, layers: list[tuple[str, Path]], reference: str, epoch: int
+) -> list[Any]:
+    """`docker load` of the normalized image, the archive written into a pipe as the engine reads it."""
+    read_end, write_end = os.pipe()
+    failure: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            with os.fdopen(write_end, "wb") as sink:
+                _write_archive(sink, config, layers, reference, epoch)
+        except BaseException as error:  # reported after the engine finished reading
+            failure.append(error)
+
+    writer = threading.Thread(target=produce, daemon=True)
+    writer.start()
+    def chunks(source: IO[bytes]) -> Iterator[bytes]:
+        # Fixed-size chunks: iterating a binary file would split it at arbitrary b"\n" bytes.
+        while chunk := source.read(1 << 20):
+            yield chunk
+
+    with os.fdopen(read_end, "rb") as source:
+        loaded: list[Any] = engine.images.load(chunks(source))
+    writer.join()
+    if failure:
+        raise failure[0]
+    return loaded
+
+
+def _write_archive(
+    archive: IO[bytes], config: bytes, layers: list[tuple[str, Path]], reference: str, epoch: int
+) -> None:
     config_name = hashlib.sha256(config).hexdigest() + ".json"
     names = [f"{d.removeprefix('sha256:')}/layer.tar" for d, _ in layers]
     manifest = json.dumps([{"Config": config_name, "RepoTags": [reference], "Layers": names}]).encode()
-    with tarfile.open(archive, "w") as out:
+    with tarfile.open(fileobj=archive, mode="w|") as out:
         for name, payload in ((config_name, config), ("manifest.json", manifest)):
             info = tarfile.TarInfo(name)
             info.size, info.mtime = len(payload), epoch
