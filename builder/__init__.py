@@ -1,0 +1,1 @@
+"""torch-images: reproducible, tested container images for GPU PyTorch, built from matrix.yaml."""

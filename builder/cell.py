@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from builder.compat import TorchBuild
@@ -47,7 +45,6 @@ class Cell:
     aliases: tuple[str, ...] = ()
     flagship: bool = False
     origin: str = ""  # "axes" or "include"; where a cell came from decides if a failure is an error
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def cuda(self) -> str:
@@ -107,10 +104,3 @@ class Cell:
             "tag": self.tag,
             "aliases": list(self.aliases),
         }
-
-    def fingerprint(self) -> str:
-        """A digest of everything that decides the cell's lock; a changed cell needs a new lock."""
-        inputs = {k: v for k, v in self.spec().items() if k not in ("tag", "aliases")}
-        inputs["base"] = asdict(self.base)
-        inputs["extra"] = self.extra
-        return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
