@@ -84,4 +84,3 @@ def repro(session: nox.Session) -> None:
     _install(session)
     _ensure_engine(session)
     session.run("python", "-m", "builder", "verify-repro", *session.posargs)
-

@@ -71,6 +71,7 @@ def build_cell(
     preflight(cell, grid)
     report(f"{cell.name}: fetching and verifying wheels")
     house.prepare(cell, grid, lock.read_locks(cell))
+    house.publish_files(render.SUPPORT_FILES)
     base_reference = base.ensure(engine, cell.base, grid.spec.source_date_epoch, report)
     with wheelhouse.serve(house, grid.spec.wheelhouse.listen):
         error = _stream_build(engine, cell, reference, base_reference, report, no_cache, grid.spec.source_date_epoch)
@@ -79,7 +80,8 @@ def build_cell(
         result.status, result.detail = "failed", error
         return result
     if normalize:
-        repro.normalize_image(engine, reference, grid.spec.source_date_epoch, report)
+        base_layers = base.layer_count(engine, base_reference)
+        repro.normalize_image(engine, reference, grid.spec.source_date_epoch, base_layers, report)
         result.seconds = time.monotonic() - started
     image = engine.images.get(reference)
     result.image_id, result.size_bytes, result.status = image.id, int(image.attrs["Size"]), "built"

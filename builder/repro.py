@@ -1,16 +1,20 @@
 """Bit-for-bit reproducible images: normalize a built image, and prove it by building twice.
 
 The engine's classic builder stamps the build time on every file it writes and on the
-config. After a build, each layer is rewritten — entries sorted by name, mtimes clamped to
-SOURCE_DATE_EPOCH, numeric owners, hard links kept valid, volatile files (apt lists, logs,
-ldconfig's aux-cache, pip caches) dropped — and the config gets fixed times and loses the
-fields that name the build host. The result is loaded back under the same tag. Bytecode is
-already deterministic: the images set SOURCE_DATE_EPOCH, under which py_compile writes
-hash-based .pyc files.
+config. Most of that is undone inside the build: every rendered RUN step ends with
+settle-layer.sh (mtimes clamped to SOURCE_DATE_EPOCH, logs, caches and /tmp emptied), and
+the engine then writes such a layer the same way every time (directory order, numeric
+times, root owners). After the build, one streaming pass over `docker save` checks each
+layer entry by entry. Settled layers are kept byte for byte; an unsettled one (a COPY step
+stamps the build time on the directories it writes into) is rewritten: entries sorted by
+name, mtimes clamped, numeric owners, hard links kept valid, volatile files dropped. The
+config gets fixed times and loses the fields that name the build host, and the result is
+loaded back under the same tag, sending the engine only the layers it does not have.
+Bytecode is already deterministic: under SOURCE_DATE_EPOCH py_compile writes hash-based .pyc.
 
 Everything streams through files on disk: a layer of several GB is never held in memory.
-Each normalized layer leaves a manifest (path, type, mode, size, sha256) so that
-`verify-repro` can name the paths that differ between two builds.
+`verify-repro` records a file manifest (path, type, mode, size, sha256) per layer to name
+the paths that differ between two builds.
 """
 
 from __future__ import annotations
@@ -33,13 +37,18 @@ import docker
 
 Report = Callable[[str], None]
 # Paths whose content changes from build to build and that no image needs.
+# (The -old copies dpkg and debconf keep are not among them: they hold the previous state of
+# a deterministic file, and removing one a base ships would leave a whiteout in the layer.)
 VOLATILE = re.compile(
-    r"^(var/lib/apt/lists/.+|var/cache/apt/.+\.bin|var/cache/ldconfig/aux-cache|var/log/.+\.log"
-    r"|var/log/apt/.+|var/cache/debconf/.+-old|var/lib/dpkg/.+-old|root/\.cache/pip(/.*)?|tmp/.+)$"
+    r"^(var/lib/apt/lists/[^/]*_[^/]*|var/cache/apt/[^/]+\.bin|var/cache/apt/archives/[^/]+\.deb"
+    r"|var/cache/ldconfig/aux-cache|var/log/.+\.log|var/log/apt/.+|root/\.cache/pip(/.*)?|tmp/.+)$"
 )
 # Config fields that describe the machine and moment of the build, not the image.
 VOLATILE_CONFIG = ("container", "container_config", "docker_version", "author", "os.version")
 KEPT_PAX = ("SCHILY.xattr.", "path", "linkpath")
+# Layers up to this size are kept aside while scanning, so that rewriting the small layers a
+# build leaves unsettled (its COPY steps, last in the rendered images) needs no second pass.
+SMALL_LAYER = 64 << 20
 
 
 def cache_dir() -> Path:
@@ -242,44 +251,137 @@ def _remember(raw_id: str, normalized_id: str) -> None:
     os.replace(temporary, path)
 
 
-def normalize_image(engine: docker.DockerClient, reference: str, epoch: int, report: Report = print) -> str:
-    """Normalize the image tagged `reference` and move the tag to the result; returns its ID."""
-    raw_id: str = engine.images.get(reference).id
-    known = _known_normalized(engine, raw_id)
+def unsettled(info: tarfile.TarInfo, epoch: int) -> str | None:
+    """Why a layer entry would make the layer differ between builds, or None.
+
+    A layer made only of settled entries is kept byte for byte: the engine writes it in
+    directory order with numeric times, so the same tree gives the same bytes.
+    """
+    name = info.name.removeprefix("./").rstrip("/")
+    if info.mtime > epoch:
+        return f"{name} was modified after SOURCE_DATE_EPOCH"
+    if not info.isdir() and VOLATILE.match(name):
+        return f"{name} is a log, cache or temporary file"
+    if (info.uid and info.uname) or (info.gid and info.gname):
+        return f"{name} has an owner named by the build host ({info.uname}:{info.gname})"
+    return None
+
+
+@dataclass
+class LayerScan:
+    member: str  # its name in the `docker save` archive
+    problem: str | None  # the first unsettled entry, None when the layer is settled
+    copy: Path | None = None  # the layer as saved, when it was kept aside
+
+
+class _Tee(io.RawIOBase):
+    """Hands every byte read on to `seen` too: to keep a copy, or to hash, in the same pass."""
+
+    def __init__(self, source: IO[bytes], seen: Callable[[bytes], object]) -> None:
+        self.source, self.seen = source, seen
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        data = self.source.read(len(buffer))
+        buffer[: len(data)] = data
+        self.seen(data)
+        return len(data)
+
+
+def _scan_layer(handle: IO[bytes], epoch: int, copy: IO[bytes] | None) -> str | None:
+    source: IO[bytes] = io.BufferedReader(_Tee(handle, copy.write), buffer_size=1 << 20) if copy else handle
+    problem = None
+    with tarfile.open(fileobj=source, mode="r|") as layer:
+        for info in layer:
+            problem = problem or unsettled(info, epoch)
+    while source.read(1 << 20):  # the end-of-archive padding, so that the copy is exact
+        pass
+    return problem
+
+
+@dataclass
+class SavedImage:
+    config: dict[str, Any]
+    layers: list[LayerScan]  # in the image's order
+
+
+def _scan_image(
+    engine: docker.DockerClient, image_id: str, epoch: int, workdir: Path, keep_aside: Callable[[str, int], bool]
+) -> SavedImage:
+    """One pass over `docker save`: which layers are settled, keeping aside those asked for."""
+    scans: dict[str, LayerScan] = {}
+    aliases: dict[str, str] = {}  # a repeated layer saved as a link to the first copy
+    config: dict[str, Any] = {}
+    manifest: list[dict[str, Any]] = []
+    for member, handle in _saved_members(engine, image_id):
+        if member.issym() and member.name.endswith("/layer.tar"):
+            aliases[member.name] = os.path.normpath(os.path.join(os.path.dirname(member.name), member.linkname))
+        elif handle is None:
+            continue
+        elif member.name.endswith("/layer.tar"):
+            if keep_aside(member.name, member.size):
+                copy = workdir / f"raw-{len(scans)}.tar"
+                with copy.open("wb") as sink:
+                    scans[member.name] = LayerScan(member.name, _scan_layer(handle, epoch, sink), copy)
+            else:
+                scans[member.name] = LayerScan(member.name, _scan_layer(handle, epoch, None))
+        elif member.name == "manifest.json":
+            manifest = json.loads(handle.read())
+        elif member.name.endswith(".json") and "/" not in member.name:
+            config = json.loads(handle.read())
+    return SavedImage(config, [scans[aliases.get(name, name)] for name in manifest[0]["Layers"]])
+
+
+def normalize_image(
+    engine: docker.DockerClient, reference: str, epoch: int, keep: int = 0, report: Report = print
+) -> str:
+    """Normalize the image tagged `reference` and move the tag to the result; returns its ID.
+
+    The first `keep` layers (the base image's) are inputs and stay as they are. Of the others,
+    a settled layer (see `unsettled`) is kept byte for byte; the first unsettled one and every
+    layer above it go back to the engine, the unsettled ones rewritten. The rendered images
+    end every RUN with settle-layer.sh and put their COPY layers last, so only those few small
+    layers are rewritten and `docker load` skips every layer the engine already has.
+    """
+    raw = engine.images.get(reference)
+    known = _known_normalized(engine, raw.id)
     if known:
         engine.images.get(known).tag(*reference.rsplit(":", 1))
         return known
     report(f"normalizing {reference}")
+    diff_ids: list[str] = raw.attrs["RootFS"]["Layers"]
     with tempfile.TemporaryDirectory(dir=cache_dir()) as scratch:
         workdir = Path(scratch)
-        layers: dict[str, tuple[str, Path]] = {}  # saved member name -> (diff_id, file)
-        aliases: dict[str, str] = {}  # a repeated layer saved as a link to the first copy
-        config: dict[str, Any] = {}
-        manifest: list[dict[str, Any]] = []
-        for member, handle in _saved_members(engine, raw_id):
-            if member.issym() and member.name.endswith("/layer.tar"):
-                aliases[member.name] = os.path.normpath(os.path.join(os.path.dirname(member.name), member.linkname))
-                continue
-            if handle is None:
-                continue
-            if member.name.endswith("/layer.tar"):
-                diff_id, path, files = normalize_layer(handle, epoch, workdir)
-                (cache_dir() / f"{diff_id.removeprefix('sha256:')}.manifest.json").write_text(json.dumps(files))
-                layers[member.name] = (diff_id, path)
-            elif member.name == "manifest.json":
-                manifest = json.loads(handle.read())
-            elif member.name.endswith(".json") and "/" not in member.name:
-                config = json.loads(handle.read())
-        ordered = [layers[aliases.get(name, name)] for name in manifest[0]["Layers"]]
-        config_bytes = normalize_config(config, [d for d, _ in ordered], epoch)
-        loaded = _load_streaming(engine, config_bytes, ordered, reference, epoch)
+        saved = _scan_image(engine, raw.id, epoch, workdir, lambda _, size: size <= SMALL_LAYER)
+        start = next((i for i, scan in enumerate(saved.layers) if i >= keep and scan.problem), len(diff_ids))
+        needed = {scan.member for scan in saved.layers[start:]}
+        if any(scan.copy is None for scan in saved.layers[start:]):
+            report(f"layer {start + 1} is not settled ({saved.layers[start].problem}): rewriting the layers above it")
+            saved = _scan_image(engine, raw.id, epoch, workdir, lambda member, _: member in needed)
+        layers: list[tuple[str, Path | None]] = []  # (diff_id, file to load, or None: the engine has it)
+        for index, scan in enumerate(saved.layers):
+            if index < start:
+                layers.append((diff_ids[index], None))
+            elif scan.problem is None:
+                assert scan.copy is not None
+                layers.append((diff_ids[index], scan.copy))
+            else:
+                assert scan.copy is not None
+                with scan.copy.open("rb") as source:
+                    diff_id, path, files = normalize_layer(source, epoch, workdir)
+                _save_manifest(diff_id, files)
+                layers.append((diff_id, path))
+        config_bytes = normalize_config(saved.config, [d for d, _ in layers], epoch)
+        loaded = _load_streaming(engine, config_bytes, layers, reference, epoch)
     normalized_id: str = loaded[0].id
-    _remember(raw_id, normalized_id)
+    _remember(raw.id, normalized_id)
     return normalized_id
 
 
 def _load_streaming(
-    engine: docker.DockerClient, config: bytes, layers: list[tuple[str, Path]], reference: str, epoch: int
+    engine: docker.DockerClient, config: bytes, layers: list[tuple[str, Path | None]], reference: str, epoch: int
 ) -> list[Any]:
     """`docker load` of the normalized image, the archive written into a pipe as the engine reads it."""
     read_end, write_end = os.pipe()
@@ -294,6 +396,7 @@ def _load_streaming(
 
     writer = threading.Thread(target=produce, daemon=True)
     writer.start()
+
     def chunks(source: IO[bytes]) -> Iterator[bytes]:
         # Fixed-size chunks: iterating a binary file would split it at arbitrary b"\n" bytes.
         while chunk := source.read(1 << 20):
@@ -308,8 +411,10 @@ def _load_streaming(
 
 
 def _write_archive(
-    archive: IO[bytes], config: bytes, layers: list[tuple[str, Path]], reference: str, epoch: int
+    archive: IO[bytes], config: bytes, layers: list[tuple[str, Path | None]], reference: str, epoch: int
 ) -> None:
+    """A `docker save` archive. A layer without a file is one the engine already has: its
+    loader looks a layer up by chain ID before it opens the file, so the file may be absent."""
     config_name = hashlib.sha256(config).hexdigest() + ".json"
     names = [f"{d.removeprefix('sha256:')}/layer.tar" for d, _ in layers]
     manifest = json.dumps([{"Config": config_name, "RepoTags": [reference], "Layers": names}]).encode()
@@ -320,13 +425,54 @@ def _write_archive(
             out.addfile(info, io.BytesIO(payload))
         written = set()
         for name, (_, path) in zip(names, layers, strict=True):
-            if name in written:  # an empty layer may repeat
+            if path is None or name in written:  # an empty layer may repeat
                 continue
             written.add(name)
             info = out.gettarinfo(str(path), arcname=name)
             info.mtime, info.uid, info.gid, info.uname, info.gname = epoch, 0, 0, "", ""
             with path.open("rb") as handle:
                 out.addfile(info, handle)
+
+
+def _save_manifest(diff_id: str, files: list[list[Any]]) -> None:
+    (cache_dir() / f"{diff_id.removeprefix('sha256:')}.manifest.json").write_text(json.dumps(files))
+
+
+def file_manifest(stream: IO[bytes]) -> list[list[Any]]:
+    """(path, type, mode, size, sha256 or link target) of every entry of a layer, in order."""
+    rows: list[list[Any]] = []
+    kinds = {tarfile.DIRTYPE: "dir", tarfile.SYMTYPE: "symlink", tarfile.LNKTYPE: "hardlink"}
+    with tarfile.open(fileobj=stream, mode="r|") as layer:
+        for info in layer:
+            name = info.name.removeprefix("./").rstrip("/")
+            if info.isreg():
+                digest = hashlib.sha256()
+                source = layer.extractfile(info)
+                assert source is not None
+                while chunk := source.read(1 << 20):
+                    digest.update(chunk)
+                rows.append([name, "file", oct(info.mode), info.size, digest.hexdigest()])
+            else:
+                rows.append([name, kinds.get(info.type, "other"), oct(info.mode), 0, info.linkname])
+    return rows
+
+
+def record_manifests(engine: docker.DockerClient, image_id: str) -> None:
+    """Write the file manifest of every layer of an image that has none yet (for verify-repro)."""
+    wanted = [d for d in engine.images.get(image_id).attrs["RootFS"]["Layers"] if layer_manifest(d) is None]
+    if not wanted:
+        return
+    for member, handle in _saved_members(engine, image_id):
+        if handle is None or not member.name.endswith("/layer.tar"):
+            continue
+        digest = hashlib.sha256()
+        source = io.BufferedReader(_Tee(handle, digest.update), buffer_size=1 << 20)
+        rows = file_manifest(source)
+        while source.read(1 << 20):
+            pass
+        diff_id = "sha256:" + digest.hexdigest()
+        if diff_id in wanted:
+            _save_manifest(diff_id, rows)
 
 
 def layer_manifest(diff_id: str) -> list[list[Any]] | None:
@@ -362,6 +508,9 @@ def compare(engine: docker.DockerClient, cell: str, first_id: str, second_id: st
     first = engine.images.get(first_id).attrs["RootFS"]["Layers"]
     second = engine.images.get(second_id).attrs["RootFS"]["Layers"]
     pairs = [(a, b) for a, b in zip(first, second, strict=False)]
+    if any(a != b for a, b in pairs):  # name the differing paths: manifests of both images
+        record_manifests(engine, first_id)
+        record_manifests(engine, second_id)
     differences = {i: differing_paths(a, b) for i, (a, b) in enumerate(pairs) if a != b}
     if len(first) != len(second):
         differences[len(pairs)] = [f"layer count differs: {len(first)} against {len(second)}"]

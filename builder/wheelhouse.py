@@ -20,7 +20,7 @@ import tempfile
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,10 +172,10 @@ class Wheelhouse:
     # ------------------------------------------------------------ serving
 
     def publish_page(self, lock: Lockfile, refs: list[WheelRef]) -> str:
-        """Write the find-links page for one lock; returns its path under the server root."""
-        key = lock_key(lock.path)
-        page = self.root / "locks" / key / "index.html"
+        """Write the find-links page for one lock, and the lock beside it; returns the page's path."""
+        page = self.root / lock_page(lock.path) / "index.html"
         page.parent.mkdir(parents=True, exist_ok=True)
+        self._place(lock.path, page.parent / lock.path.name)
         links = "\n".join(
             f'<a href="../../sha256/{r.sha256[:2]}/{r.sha256}/{html.escape(r.filename)}#sha256={r.sha256}">'
             f"{html.escape(r.filename)}</a><br>"
@@ -184,7 +184,22 @@ class Wheelhouse:
         with tempfile.NamedTemporaryFile("w", dir=page.parent, delete=False) as handle:
             handle.write(f"<!DOCTYPE html><html><body>\n{links}\n</body></html>\n")
         os.replace(handle.name, page)
-        return f"locks/{key}/"
+        return lock_page(lock.path)
+
+    def publish_files(self, paths: Iterable[Path]) -> None:
+        """Serve build inputs that are not wheels (helper scripts) under their content's name."""
+        for path in paths:
+            self._place(path, self.root / served_path(path))
+
+    @staticmethod
+    def _place(source: Path, target: Path) -> None:
+        if target.exists() and target.read_bytes() == source.read_bytes():
+            return
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=target.parent, delete=False, prefix=".part-") as handle:
+            handle.write(source.read_bytes())
+        os.chmod(handle.name, 0o644)
+        os.replace(handle.name, target)
 
     def prepare(self, cell: Cell, grid: Matrix, locks: list[Lockfile]) -> list[Path]:
         """Fetch and verify every file of the cell's locks and publish their pages.
@@ -196,6 +211,7 @@ class Wheelhouse:
         for lock in locks:
             cached = self.cached_files(lock)
             if cached is not None:
+                self._place(lock.path, self.root / lock_page(lock.path) / lock.path.name)
                 files += cached
                 continue
             refs = self.refs(cell, grid, lock)
@@ -205,7 +221,7 @@ class Wheelhouse:
 
     def cached_files(self, lock: Lockfile) -> list[Path] | None:
         """The cached files a lock's existing page names, or None if any is missing."""
-        page = self.root / "locks" / lock_key(lock.path) / "index.html"
+        page = self.root / lock_page(lock.path) / "index.html"
         if not page.exists():
             return None
         paths = [page.parent / href for href in re.findall(r'href="([^"#]+)', page.read_text())]
@@ -214,9 +230,19 @@ class Wheelhouse:
         return [p.resolve() for p in paths]
 
 
-def lock_key(path: Path) -> str:
-    """The URL path segment a lock's page lives under: a digest of the lock's content."""
+def content_key(path: Path) -> str:
+    """A URL path segment naming a file by its content, so a changed file gets a new URL."""
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def lock_page(path: Path) -> str:
+    """Where a lock's find-links page (and the lock itself) lives under the server root."""
+    return f"locks/{content_key(path)}/"
+
+
+def served_path(path: Path) -> str:
+    """Where a helper script lives under the server root."""
+    return f"files/{content_key(path)}/{path.name}"
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):

@@ -13,29 +13,42 @@ ENV DEBIAN_FRONTEND=noninteractive \
 # python3, python3-venv, python3-dev, gcc, g++, libc6-dev, openssl, ca-certificates: a C/C++ toolchain and OpenMP (Inductor, Triton's launcher
 # stubs), Python headers, and the openssl binary Inductor uses to checksum its precompiled
 # header. Every package at the version debian.lock pins, dependencies included.
-RUN apt-get update \
- && apt-get install -y --no-install-recommends \
+RUN mkdir -p /tmp/apt/lists/partial /tmp/apt/cache/archives/partial \
+ && apt-get -o Dir::State::Lists=/tmp/apt/lists -o Dir::Cache=/tmp/apt/cache update \
+ && apt-get -o Dir::State::Lists=/tmp/apt/lists -o Dir::Cache=/tmp/apt/cache \
+      install -y --no-install-recommends \
       g++=4:12.2.0-3 \
       python3=3.11.2-1+b1 \
- && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt /var/log/dpkg.log
+ && mkdir -p /opt/torch-images \
+ && python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
+      http://127.0.0.1:8741/files/78e5e7715f9f6db5/settle-layer.sh /opt/torch-images/settle-layer.sh \
+ && echo "78e5e7715f9f6db5a5d09ae23c679d31badac8ffa859b06741d1e793ab5f8de4  /opt/torch-images/settle-layer.sh" | sha256sum --check --quiet \
+ && sh /opt/torch-images/settle-layer.sh
 
 # ---- python: the distro's Python in a virtual environment on PATH ----------------------
+# The environment is made in the torch stack's step below: pip there replaces the
+# setuptools that venv bundles, which in a layer of its own would leave whiteouts behind.
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1
-RUN python3 -m venv /opt/venv
-COPY templates/scripts/hardlink-duplicates.py /opt/torch-images/hardlink-duplicates.py
 
 # ---- torch stack: exactly the files requirements.lock names, verified by sha256 ---------
 # Wheels come from the host's wheelhouse over loopback (build with host networking): no
 # wheel file, pip cache or host certificate enters a layer.
-COPY images/2.9.1-cu12.8-bookworm-runtime/requirements.lock /opt/torch-images/requirements.lock
-RUN pip install --no-index --no-cache-dir --require-hashes --no-deps \
+RUN python3 -m venv /opt/venv \
+ && python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
+      http://127.0.0.1:8741/files/5f140d03b34ffe5b/hardlink-duplicates.py /opt/torch-images/hardlink-duplicates.py \
+ && echo "5f140d03b34ffe5beee0c60ef7456859eecabb15532632a62ea1d0fe166d1faf  /opt/torch-images/hardlink-duplicates.py" | sha256sum --check --quiet \
+ && python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
+      http://127.0.0.1:8741/locks/ae1268101eddcc01/requirements.lock /opt/torch-images/requirements.lock \
+ && echo "ae1268101eddcc01f02267e64a66cb62635943c0331feae5161242e4f0acba6e  /opt/torch-images/requirements.lock" | sha256sum --check --quiet \
+ && pip install --no-index --no-cache-dir --require-hashes --no-deps \
       --find-links http://127.0.0.1:8741/locks/ae1268101eddcc01/ \
       -r /opt/torch-images/requirements.lock \
  && pip freeze --all --exclude pip > /opt/torch-images/constraints.txt \
- && python /opt/torch-images/hardlink-duplicates.py /opt/venv
+ && python /opt/torch-images/hardlink-duplicates.py /opt/venv \
+ && sh /opt/torch-images/settle-layer.sh
 # Downstream `pip install` keeps torch and its CUDA libraries as locked.
 ENV PIP_CONSTRAINT=/opt/torch-images/constraints.txt
 # Lets the NVIDIA container runtime mount the driver (libcuda, nvidia-smi) into containers.
@@ -45,11 +58,13 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
 # ---- flavor runtime: nothing beyond the torch stack ------------------------------------
 
 # ---- self-test: torch and the standard library only; `docker run IMAGE torch-selftest` ---
+# The last layers: small, so the builder normalizes them after the build in no time.
 COPY builder/selftest.py /opt/torch-images/selftest.py
 COPY data/gpu_peaks.json /opt/torch-images/gpu_peaks.json
-RUN ln -s /opt/torch-images/selftest.py /opt/venv/bin/torch-selftest \
- && chmod 0755 /opt/torch-images/selftest.py
 COPY images/2.9.1-cu12.8-bookworm-runtime/spec.json /opt/torch-images/spec.json
+RUN ln -s /opt/torch-images/selftest.py /opt/venv/bin/torch-selftest \
+ && chmod 0755 /opt/torch-images/selftest.py \
+ && sh /opt/torch-images/settle-layer.sh
 
 # ---- labels: what is inside, for `docker inspect` and the self-test's checks -------------
 LABEL org.opencontainers.image.title="torch 2.9.1 runtime" \

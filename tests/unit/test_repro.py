@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from builder import repro
 
@@ -109,3 +113,132 @@ def test_differing_paths_names_what_changed_between_two_layers(tmp_path: Path, m
     for digest, files in ((one, files_one), (two, files_two)):
         (repro.cache_dir() / f"{digest.removeprefix('sha256:')}.manifest.json").write_text(json.dumps(files))
     assert repro.differing_paths(one, two) == ["a"]
+
+
+def test_a_settled_entry_passes_and_each_kind_of_unsettled_entry_says_why() -> None:
+    def entry(name: str, mtime: int = EPOCH, uid: int = 0, uname: str = "", kind: bytes = tarfile.REGTYPE):
+        info = tarfile.TarInfo(name)
+        info.mtime, info.uid, info.uname, info.type = mtime, uid, uname, kind
+        return info
+
+    assert repro.unsettled(entry("opt/venv/bin/python", uname="root"), EPOCH) is None
+    assert repro.unsettled(entry("usr/lib/old.so", mtime=1), EPOCH) is None
+    assert repro.unsettled(entry("var/lib/dpkg/status-old"), EPOCH) is None  # a deterministic copy
+    assert repro.unsettled(entry("tmp/apt", kind=tarfile.DIRTYPE), EPOCH) is None
+    assert "after SOURCE_DATE_EPOCH" in str(repro.unsettled(entry("opt/torch-images", mtime=EPOCH + 1), EPOCH))
+    assert "log, cache or temporary" in str(repro.unsettled(entry("var/log/apt/history.log"), EPOCH))
+    assert "owner named by the build host" in str(repro.unsettled(entry("x", uid=42, uname="_apt"), EPOCH))
+
+
+def test_scanning_a_layer_keeps_an_exact_copy_and_reports_the_first_unsettled_entry(tmp_path: Path) -> None:
+    source = layer(
+        [("opt", "dir", "", EPOCH + 5), ("opt/a", "file", b"a" * 5000, 1), ("var/log/x.log", "file", b"", 1)]
+    )
+    expected = source.getvalue()
+    with (tmp_path / "copy.tar").open("wb") as copy:
+        problem = repro._scan_layer(source, EPOCH, copy)
+    assert (tmp_path / "copy.tar").read_bytes() == expected
+    assert problem == "opt was modified after SOURCE_DATE_EPOCH"
+    assert repro._scan_layer(layer([("opt/a", "file", b"a", 1)]), EPOCH, None) is None
+
+
+def test_the_archive_for_docker_load_names_every_layer_but_carries_only_those_the_engine_lacks(tmp_path: Path) -> None:
+    new_layer = tmp_path / "new.tar"
+    new_layer.write_bytes(layer([("a", "file", b"1", 1)]).getvalue())
+    archive = io.BytesIO()
+    layers = [("sha256:" + "1" * 64, None), ("sha256:" + "2" * 64, new_layer)]
+    repro._write_archive(archive, b"{}", layers, "torch:test", EPOCH)
+    archive.seek(0)
+    with tarfile.open(fileobj=archive) as saved:
+        names = saved.getnames()
+        manifest = json.loads(saved.extractfile("manifest.json").read())  # type: ignore[union-attr]
+    assert manifest[0]["Layers"] == ["1" * 64 + "/layer.tar", "2" * 64 + "/layer.tar"]
+    assert "2" * 64 + "/layer.tar" in names and "1" * 64 + "/layer.tar" not in names
+
+
+def test_a_file_manifest_lists_paths_kinds_and_content_digests() -> None:
+    rows = repro.file_manifest(layer([("d", "dir", "", 1), ("d/f", "file", b"x", 1), ("d/g", "link", "d/f", 1)]))
+    assert rows == [
+        ["d", "dir", "0o755", 0, ""],
+        ["d/f", "file", "0o644", 1, "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"],
+        ["d/g", "hardlink", "0o644", 0, "d/f"],
+    ]
+
+
+class FakeImage:
+    def __init__(self, image_id: str, diff_ids: list[str]) -> None:
+        self.id, self.attrs, self.tags = image_id, {"RootFS": {"Layers": diff_ids}}, []
+
+    def tag(self, repository: str, tag: str) -> None:
+        self.tags.append(f"{repository}:{tag}")
+
+
+class FakeEngine:
+    """`docker save` of one image made of the given layer tars, and a `docker load` that keeps the archive."""
+
+    def __init__(self, layer_tars: list[bytes]) -> None:
+        self.layer_tars, self.saves, self.loaded = layer_tars, 0, b""
+        diff_ids = ["sha256:" + hashlib.sha256(t).hexdigest() for t in layer_tars]
+        self.raw = FakeImage("sha256:raw", diff_ids)
+        self.images, self.api = self, self
+
+    def get(self, reference: str) -> FakeImage:
+        return self.raw
+
+    def get_image(self, image_id: str, chunk_size: int) -> list[bytes]:
+        self.saves += 1
+        buffer = io.BytesIO()
+        names = [f"{i:064x}/layer.tar" for i in range(len(self.layer_tars))]
+        with tarfile.open(fileobj=buffer, mode="w") as saved:
+            for name, data in [*zip(names, self.layer_tars, strict=True), ("config.json", b'{"config": {}}')]:
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                saved.addfile(info, io.BytesIO(data))
+            manifest = json.dumps([{"Config": "config.json", "Layers": names}]).encode()
+            info = tarfile.TarInfo("manifest.json")
+            info.size = len(manifest)
+            saved.addfile(info, io.BytesIO(manifest))
+        return [buffer.getvalue()]
+
+    def load(self, chunks: Iterator[bytes]) -> list[FakeImage]:
+        self.loaded = b"".join(chunks)
+        return [FakeImage("sha256:normalized", [])]
+
+    def loaded_layers(self) -> dict[str, bytes]:
+        return {name: data for name, data in _members(self.loaded).items() if name.endswith("/layer.tar")}
+
+
+@pytest.mark.parametrize("small_layer", [1 << 20, 0], ids=["kept-aside-in-one-pass", "second-pass"])
+def test_normalizing_sends_back_only_the_first_unsettled_layer_and_those_above_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_layer: int
+) -> None:
+    monkeypatch.setenv("TORCH_IMAGES_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(repro, "SMALL_LAYER", small_layer)
+    base_layer = layer([("etc/debian_version", "file", b"12", EPOCH + 1)]).getvalue()  # kept: the base's
+    settled = layer([("opt/venv/lib/torch.py", "file", b"torch", EPOCH)]).getvalue()
+    copy_step = layer([("opt/torch-images", "dir", "", EPOCH + 99), ("opt/torch-images/spec.json", "file", b"{}", 1)])
+    settled_above = layer([("opt/venv/bin/torch-selftest", "file", b"#!", EPOCH)]).getvalue()
+    fake = FakeEngine([base_layer, settled, copy_step.getvalue(), settled_above])
+
+    assert repro.normalize_image(fake, "torch:test", EPOCH, 1, lambda _: None) == "sha256:normalized"  # type: ignore[arg-type]
+
+    assert fake.saves == (1 if small_layer else 2)
+    sent = fake.loaded_layers()
+    rewritten, _, _ = repro.normalize_layer(copy_step, EPOCH, tmp_path)
+    assert sorted(sent) == sorted(
+        [
+            f"{rewritten.removeprefix('sha256:')}/layer.tar",
+            f"{fake.raw.attrs['RootFS']['Layers'][3].removeprefix('sha256:')}/layer.tar",
+        ]
+    )
+    assert settled_above in sent.values()  # passed through byte for byte
+    config = json.loads(
+        next(v for k, v in _members(fake.loaded).items() if k.endswith(".json") and k != "manifest.json")
+    )
+    diff_ids = fake.raw.attrs["RootFS"]["Layers"]
+    assert config["rootfs"]["diff_ids"] == [diff_ids[0], diff_ids[1], rewritten, diff_ids[3]]
+
+
+def _members(archive: bytes) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(archive)) as opened:
+        return {m.name: opened.extractfile(m).read() for m in opened.getmembers() if m.isreg()}  # type: ignore[union-attr]
