@@ -7,6 +7,10 @@
 # The builder passes the bootstrapped base (no registry needed); elsewhere the digest-pinned image.
 ARG BASE_IMAGE=debian:bookworm-slim@sha256:4b50eb66f977b4062683ff434ef18ac191da862dbe966961bc11990cf5791a8d
 FROM ${BASE_IMAGE}
+# Older Pythons (3.9 here; 3.11 no longer) write set constants into bytecode in hash order,
+# so the .pyc files apt's and pip's byte-compilation write would differ from build to build.
+# A fixed seed while building (a build argument: containers keep hash randomization) fixes it.
+ARG PYTHONHASHSEED=0
 ENV DEBIAN_FRONTEND=noninteractive \
     LANG=C.UTF-8 \
     SOURCE_DATE_EPOCH=1733097600
@@ -21,8 +25,8 @@ RUN mkdir -p /tmp/apt/lists/partial /tmp/apt/cache/archives/partial \
       python3=3.11.2-1+b1 \
  && mkdir -p /opt/torch-images \
  && python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
-      http://127.0.0.1:8741/files/78e5e7715f9f6db5/settle-layer.sh /opt/torch-images/settle-layer.sh \
- && echo "78e5e7715f9f6db5a5d09ae23c679d31badac8ffa859b06741d1e793ab5f8de4  /opt/torch-images/settle-layer.sh" | sha256sum --check --quiet \
+      http://127.0.0.1:8741/files/8a58b674a08339a3/settle-layer.sh /opt/torch-images/settle-layer.sh \
+ && echo "8a58b674a08339a3bed819b13f3291e6f1a56e471311ce5fc0b92987761cb690  /opt/torch-images/settle-layer.sh" | sha256sum --check --quiet \
  && sh /opt/torch-images/settle-layer.sh
 
 # ---- python: the distro's Python in a virtual environment on PATH ----------------------
