@@ -163,6 +163,15 @@ class _HashingWriter(io.RawIOBase):
         return self.sink.write(data)
 
 
+def _manifest_row(info: tarfile.TarInfo, sha256: str = "") -> list[Any]:
+    """One entry of a layer's file manifest: (path, type, mode, size, sha256 or link target)."""
+    name = info.name.removeprefix("./").rstrip("/")
+    if info.isreg():
+        return [name, "file", oct(info.mode), info.size, sha256]
+    kinds = {tarfile.DIRTYPE: "dir", tarfile.SYMTYPE: "symlink", tarfile.LNKTYPE: "hardlink"}
+    return [name, kinds.get(info.type, "other"), oct(info.mode), 0, info.linkname]
+
+
 def normalize_layer(stream: IO[bytes], epoch: int, workdir: Path) -> tuple[str, Path, list[list[Any]]]:
     """Rewrite one layer; returns its diff_id, the normalized tar and its file manifest."""
     with tempfile.TemporaryFile(dir=workdir) as spool:
@@ -177,11 +186,10 @@ def normalize_layer(stream: IO[bytes], epoch: int, workdir: Path) -> tuple[str, 
                     if info.isreg():
                         content = hashlib.sha256()
                         out.addfile(info, _Reader(spool, entry.offset, info.size, content))
-                        manifest.append([info.name, "file", oct(info.mode), info.size, content.hexdigest()])
+                        manifest.append(_manifest_row(info, content.hexdigest()))
                     else:
                         out.addfile(info)
-                        kind = {tarfile.DIRTYPE: "dir", tarfile.SYMTYPE: "symlink", tarfile.LNKTYPE: "hardlink"}
-                        manifest.append([info.name, kind.get(info.type, "other"), oct(info.mode), 0, info.linkname])
+                        manifest.append(_manifest_row(info))
     return "sha256:" + writer.digest.hexdigest(), Path(name), manifest
 
 
@@ -290,14 +298,19 @@ class _Tee(io.RawIOBase):
         return len(data)
 
 
+def _read_to_end(source: IO[bytes]) -> None:
+    """Reads what tarfile leaves unread (end-of-archive padding), so a tee sees every byte."""
+    while source.read(1 << 20):
+        pass
+
+
 def _scan_layer(handle: IO[bytes], epoch: int, copy: IO[bytes] | None) -> str | None:
     source: IO[bytes] = io.BufferedReader(_Tee(handle, copy.write), buffer_size=1 << 20) if copy else handle
     problem = None
     with tarfile.open(fileobj=source, mode="r|") as layer:
         for info in layer:
             problem = problem or unsettled(info, epoch)
-    while source.read(1 << 20):  # the end-of-archive padding, so that the copy is exact
-        pass
+    _read_to_end(source)
     return problem
 
 
@@ -441,19 +454,15 @@ def _save_manifest(diff_id: str, files: list[list[Any]]) -> None:
 def file_manifest(stream: IO[bytes]) -> list[list[Any]]:
     """(path, type, mode, size, sha256 or link target) of every entry of a layer, in order."""
     rows: list[list[Any]] = []
-    kinds = {tarfile.DIRTYPE: "dir", tarfile.SYMTYPE: "symlink", tarfile.LNKTYPE: "hardlink"}
     with tarfile.open(fileobj=stream, mode="r|") as layer:
         for info in layer:
-            name = info.name.removeprefix("./").rstrip("/")
+            digest = hashlib.sha256()
             if info.isreg():
-                digest = hashlib.sha256()
                 source = layer.extractfile(info)
                 assert source is not None
                 while chunk := source.read(1 << 20):
                     digest.update(chunk)
-                rows.append([name, "file", oct(info.mode), info.size, digest.hexdigest()])
-            else:
-                rows.append([name, kinds.get(info.type, "other"), oct(info.mode), 0, info.linkname])
+            rows.append(_manifest_row(info, digest.hexdigest()))
     return rows
 
 
@@ -468,8 +477,7 @@ def record_manifests(engine: docker.DockerClient, image_id: str) -> None:
         digest = hashlib.sha256()
         source = io.BufferedReader(_Tee(handle, digest.update), buffer_size=1 << 20)
         rows = file_manifest(source)
-        while source.read(1 << 20):
-            pass
+        _read_to_end(source)
         diff_id = "sha256:" + digest.hexdigest()
         if diff_id in wanted:
             _save_manifest(diff_id, rows)

@@ -175,7 +175,7 @@ class Wheelhouse:
         """Write the find-links page for one lock, and the lock beside it; returns the page's path."""
         page = self.root / lock_page(lock.path) / "index.html"
         page.parent.mkdir(parents=True, exist_ok=True)
-        self._place(lock.path, page.parent / lock.path.name)
+        self._publish_lock(lock)
         links = "\n".join(
             f'<a href="../../sha256/{r.sha256[:2]}/{r.sha256}/{html.escape(r.filename)}#sha256={r.sha256}">'
             f"{html.escape(r.filename)}</a><br>"
@@ -191,13 +191,18 @@ class Wheelhouse:
         for path in paths:
             self._place(path, self.root / served_path(path))
 
+    def _publish_lock(self, lock: Lockfile) -> None:
+        """The lock itself beside its page: RUN steps fetch it from there."""
+        self._place(lock.path, self.root / lock_page(lock.path) / lock.path.name)
+
     @staticmethod
     def _place(source: Path, target: Path) -> None:
-        if target.exists() and target.read_bytes() == source.read_bytes():
+        content = source.read_bytes()
+        if target.exists() and target.read_bytes() == content:
             return
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=target.parent, delete=False, prefix=".part-") as handle:
-            handle.write(source.read_bytes())
+            handle.write(content)
         os.chmod(handle.name, 0o644)
         os.replace(handle.name, target)
 
@@ -211,7 +216,7 @@ class Wheelhouse:
         for lock in locks:
             cached = self.cached_files(lock)
             if cached is not None:
-                self._place(lock.path, self.root / lock_page(lock.path) / lock.path.name)
+                self._publish_lock(lock)
                 files += cached
                 continue
             refs = self.refs(cell, grid, lock)
@@ -232,7 +237,7 @@ class Wheelhouse:
 
 def content_key(path: Path) -> str:
     """A URL path segment naming a file by its content, so a changed file gets a new URL."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    return sha256_of(path)[:16]
 
 
 def lock_page(path: Path) -> str:
