@@ -9,6 +9,7 @@ steps reach the wheelhouse on loopback; wheel files never enter the build contex
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import os
 import re
@@ -22,13 +23,15 @@ from pathlib import Path
 
 import docker
 import docker.errors
+import docker.models.images
 
-from builder import base, lock, render, repro, wheelhouse
+from builder import base, lock, paths, render, repro, wheelhouse
 from builder.cell import Cell
 from builder.errors import UserError
 from builder.matrix import Matrix
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+BUILD_ID_LABEL = "io.torch-images.build-id"
+BUILD_CACHE_REPOSITORY = "torch-images/build-cache"
 Report = Callable[[str], None]
 
 
@@ -39,8 +42,10 @@ class BuildResult:
     image_id: str = ""
     size_bytes: int = 0
     seconds: float = 0.0
-    status: str = "pending"  # built | failed | then smoke's verdict
+    status: str = "pending"  # built | unchanged | failed | then smoke's verdict
     detail: str = ""
+    build_id: str = ""
+    intermediate: str = ""  # the engine's image before normalization, when it differs from the result
 
 
 def local_reference(grid: Matrix, cell: Cell) -> str:
@@ -54,6 +59,53 @@ def preflight(cell: Cell, grid: Matrix) -> None:
         raise UserError(problems[0])
 
 
+def context_files(cell: Cell) -> dict[str, Path]:
+    """The build context, by name in the context: the cell's Dockerfile and spec.json, and the
+    self-test with its data. Named the same wherever the files live (a checkout, an installed
+    package, a matrix elsewhere), as the rendered Dockerfile's COPY lines expect."""
+    directory = lock.cell_dir(cell)
+    return {
+        f"images/{cell.name}/Dockerfile": directory / "Dockerfile",
+        f"images/{cell.name}/spec.json": directory / "spec.json",
+        "builder/selftest.py": paths.SELFTEST,
+        "data/gpu_peaks.json": paths.GPU_PEAKS,
+    }
+
+
+def context_tar(cell: Cell, epoch: int) -> io.BytesIO:
+    """The build context as a tar of exactly context_files (small: a Dockerfile, specs, scripts)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, path in sorted(context_files(cell).items()):
+            # Fixed times and owners: a checkout's file times must not reach a COPY'd layer.
+            info = archive.gettarinfo(str(path), arcname=name)
+            info.mtime, info.uid, info.gid, info.uname, info.gname = epoch, 0, 0, "", ""
+            info.mode = 0o644
+            with path.open("rb") as handle:
+                archive.addfile(info, handle)
+    buffer.seek(0)
+    return buffer
+
+
+def build_id(cell: Cell, base_image_id: str, backend: str, normalize: bool) -> str:
+    """A content hash of every input of the build. The rendered Dockerfile names each lock and
+    helper script by its sha256 (and each lock every wheel by its own), so hashing the context
+    and the base image's ID covers everything the image is made from."""
+    digest = hashlib.sha256()
+    for name, path in sorted(context_files(cell).items()):
+        digest.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    digest.update(f"{base_image_id} {backend} normalize={normalize}".encode())
+    return digest.hexdigest()[:32]
+
+
+def _existing_build(engine: docker.DockerClient, reference: str, identity: str) -> docker.models.images.Image | None:
+    try:
+        image = engine.images.get(reference)
+    except docker.errors.ImageNotFound:
+        return None
+    return image if (image.labels or {}).get(BUILD_ID_LABEL) == identity else None
+
+
 def build_cell(
     engine: docker.DockerClient,
     grid: Matrix,
@@ -65,58 +117,74 @@ def build_cell(
     backend: str = "sdk",
     reference: str | None = None,
 ) -> BuildResult:
+    """Build one cell. An image already tagged `reference` with the same build ID is left as it
+    is (status "unchanged") unless no_cache; the engine's pre-normalization image is returned as
+    `intermediate` for the caller to remove (see discard_intermediates)."""
     reference = reference or local_reference(grid, cell)
     result = BuildResult(cell.name, reference)
     started = time.monotonic()
     preflight(cell, grid)
+    base_reference = base.ensure(engine, cell.base, grid.spec.source_date_epoch, report)
+    result.build_id = build_id(cell, engine.images.get(base_reference).id, backend, normalize)
+    existing = None if no_cache else _existing_build(engine, reference, result.build_id)
+    if existing is not None:
+        report(f"{cell.name}: unchanged since its last build (build ID {result.build_id[:12]})")
+        result.image_id, result.size_bytes, result.status = existing.id, int(existing.attrs["Size"]), "unchanged"
+        result.seconds = time.monotonic() - started
+        return result
     report(f"{cell.name}: fetching and verifying wheels")
+    house.report = report
     house.prepare(cell, grid, lock.read_locks(cell))
     house.publish_files(render.SUPPORT_FILES)
-    base_reference = base.ensure(engine, cell.base, grid.spec.source_date_epoch, report)
+    labels = {BUILD_ID_LABEL: result.build_id}
+    epoch = grid.spec.source_date_epoch
     with wheelhouse.serve(house, grid.spec.wheelhouse.listen):
-        error = _stream_build(engine, cell, reference, base_reference, report, no_cache, grid.spec.source_date_epoch)
+        if backend == "buildkit":
+            error = _buildkit_build(cell, reference, base_reference, report, no_cache, epoch, labels)
+        else:
+            error = engine_build(engine, cell, reference, base_reference, report, no_cache, epoch, labels)
     result.seconds = time.monotonic() - started
     if error:
         result.status, result.detail = "failed", error
         return result
+    raw_id = engine.images.get(reference).id
     if normalize:
         base_layers = base.layer_count(engine, base_reference)
-        repro.normalize_image(engine, reference, grid.spec.source_date_epoch, base_layers, report)
+        normalized = repro.normalize_image(engine, reference, epoch, base_layers, report)
+        if normalized != raw_id:
+            result.intermediate = raw_id
         result.seconds = time.monotonic() - started
     image = engine.images.get(reference)
     result.image_id, result.size_bytes, result.status = image.id, int(image.attrs["Size"]), "built"
     return result
 
 
-def context_paths(cell: Cell) -> list[Path]:
-    """The files a cell's build needs: the `!path` allowlist of .dockerignore, this cell's images/ only."""
-    allowed = [
-        line[1:].strip().rstrip("/")
-        for line in (REPO_ROOT / ".dockerignore").read_text().splitlines()
-        if line.startswith("!")
-    ]
-    paths: list[Path] = []
-    for entry in allowed:
-        root = REPO_ROOT / (lock.cell_dir(cell).as_posix() if entry == "images" else entry)
-        paths += sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
-    return [p.relative_to(REPO_ROOT) for p in paths if p.exists()]
+def discard_intermediates(engine: docker.DockerClient, results: list[BuildResult]) -> None:
+    """Remove the engine's pre-normalization images, with the step images only they use.
+
+    They are the classic builder's cache: kept until every cell of one run is built, so cells
+    that share steps (a runtime and its devel sibling) reuse them, then removed so that the
+    engine holds only the images asked for. An unchanged cell needs no cache (its build ID
+    matches); a changed one is built again from its base, with the wheels from the wheelhouse.
+    """
+    for result in results:
+        if result.intermediate:
+            with contextlib.suppress(docker.errors.ImageNotFound, docker.errors.APIError):
+                engine.images.remove(result.intermediate, force=False, noprune=False)
+            result.intermediate = ""
 
 
-def context_tar(cell: Cell, epoch: int) -> io.BytesIO:
-    """The build context as a tar of exactly context_paths (small: locks, specs, scripts)."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        for path in context_paths(cell):
-            # Fixed times and owners: a checkout's file times must not reach a COPY'd layer.
-            info = archive.gettarinfo(str(REPO_ROOT / path), arcname=path.as_posix())
-            info.mtime, info.uid, info.gid, info.uname, info.gname = epoch, 0, 0, "", ""
-            with (REPO_ROOT / path).open("rb") as handle:
-                archive.addfile(info, handle)
-    buffer.seek(0)
-    return buffer
+def keep_intermediates(engine: docker.DockerClient, results: list[BuildResult]) -> list[str]:
+    """Tag the pre-normalization images as torch-images/build-cache:<cell> (`build --keep-build-cache`)."""
+    kept = []
+    for result in results:
+        if result.intermediate:
+            engine.images.get(result.intermediate).tag(BUILD_CACHE_REPOSITORY, result.cell)
+            kept.append(f"{BUILD_CACHE_REPOSITORY}:{result.cell}")
+    return kept
 
 
-def _stream_build(
+def engine_build(
     engine: docker.DockerClient,
     cell: Cell,
     reference: str,
@@ -124,15 +192,17 @@ def _stream_build(
     report: Report,
     no_cache: bool,
     epoch: int,
+    labels: dict[str, str],
 ) -> str:
-    """Run the build, reporting each step; returns the engine's error, or "" on success."""
-    dockerfile = (lock.cell_dir(cell) / "Dockerfile").as_posix()
+    """Run the build with the engine's classic builder, reporting each step; returns the
+    engine's error, or "" on success."""
     stream = engine.api.build(
         fileobj=context_tar(cell, epoch),
         custom_context=True,
-        dockerfile=dockerfile,
+        dockerfile=f"images/{cell.name}/Dockerfile",
         tag=reference,
         buildargs={"BASE_IMAGE": base_reference},
+        labels=labels,
         network_mode="host",
         rm=True,
         forcerm=True,
@@ -171,7 +241,15 @@ def buildkit_command() -> tuple[list[str], dict[str, str]] | None:
     return None
 
 
-def _buildkit_build(cell: Cell, reference: str, base_reference: str, report: Report, no_cache: bool, epoch: int) -> str:
+def _buildkit_build(
+    cell: Cell,
+    reference: str,
+    base_reference: str,
+    report: Report,
+    no_cache: bool,
+    epoch: int,
+    labels: dict[str, str],
+) -> str:
     """Run the build with BuildKit through the docker CLI; returns the error, or "" on success."""
     found = buildkit_command()
     if found is None:
@@ -179,10 +257,10 @@ def _buildkit_build(cell: Cell, reference: str, base_reference: str, report: Rep
             "no docker CLI here runs BuildKit builds (Debian's docker.io 20.10 or one with buildx); use --backend sdk"
         )
     command, extra_env = found
-    dockerfile = (lock.cell_dir(cell) / "Dockerfile").as_posix()
     command = [
         *command, "--progress", "plain", "--network", "host", "--build-arg", f"BASE_IMAGE={base_reference}",
-        "-f", dockerfile, "-t", reference, *(["--no-cache"] if no_cache else []), "-",
+        "-f", f"images/{cell.name}/Dockerfile", "-t", reference, *(["--no-cache"] if no_cache else []),
+        *(part for key, value in labels.items() for part in ("--label", f"{key}={value}")), "-",
     ]  # fmt: skip
     process = subprocess.Popen(
         command,

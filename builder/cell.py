@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from builder.compat import TorchBuild
@@ -45,6 +46,12 @@ class Cell:
     aliases: tuple[str, ...] = ()
     flagship: bool = False
     origin: str = ""  # "axes" or "include"; where a cell came from decides if a failure is an error
+    images_root: Path | None = None  # the matrix's images folder; the cell's files are in images_root/name
+
+    @property
+    def directory(self) -> Path:
+        """Where the cell's locks, Dockerfile and spec.json live."""
+        return (self.images_root or Path("images")) / self.name
 
     @property
     def cuda(self) -> str:

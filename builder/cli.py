@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import docker
 from rich.console import Console
 from rich.table import Table
 
 from builder import build, compat, engine, lock, matrix, publish, render, repro, smoke, wheelhouse
+from builder.cell import Cell
 from builder.errors import EXIT_USER_ERROR, UserError
 
 console = Console(stderr=True)
@@ -18,6 +24,23 @@ console = Console(stderr=True)
 
 def _matrix(args: argparse.Namespace) -> matrix.Matrix:
     return matrix.load_matrix(Path(args.matrix))
+
+
+@contextlib.contextmanager
+def progress(label: str) -> Iterator[Callable[[str], None]]:
+    """Where each step of a long job is reported: a spinner on a terminal; elsewhere (CI logs,
+    `| tee`) one line per step with the seconds since the job started."""
+    if console.is_terminal:
+        with console.status(label) as status:
+            yield lambda text: status.update(text)
+        return
+    started = time.monotonic()
+
+    def line(text: str) -> None:
+        console.print(f"[{time.monotonic() - started:7.1f} s] {text}", highlight=False, soft_wrap=True)
+
+    line(label)
+    yield line
 
 
 def _cells(args: argparse.Namespace, grid: matrix.Matrix) -> list:  # type: ignore[type-arg]
@@ -104,18 +127,17 @@ def cmd_lock(args: argparse.Namespace) -> int:
         return 1 if problems else 0
     failures = []
     locked = []
-    with console.status(f"locking {len(cells)} cells, {args.jobs} at a time"):
+    with progress(f"locking {len(cells)} cells, {args.jobs} at a time") as report:
         for cell, outcome in lock.lock_cells(cells, grid, args.jobs):
             if isinstance(outcome, UserError):  # one cell that cannot resolve must not stop the others
                 failures.append(outcome.line())
             else:
                 locked.append(cell)
-                console.print(f"{cell.name}: {', '.join(str(p) for p in outcome)}")
+                report(f"{cell.name}: {', '.join(str(p) for p in outcome)}")
     if locked and not args.python_only:
-        with console.status("pinning Debian packages (apt resolves in a container of each base)") as status:
+        with progress("pinning Debian packages (apt resolves in a container of each base)") as report:
             for cell, path in lock.lock_debian(locked, grid, engine.client()):
-                status.update(f"pinned {path}")
-                console.print(f"{cell.name}: {path}")
+                report(f"{cell.name}: {path}")
     for failure in failures:
         console.print(f"[red]error:[/red] {failure}", highlight=False, soft_wrap=True)
     return EXIT_USER_ERROR if failures else 0
@@ -128,15 +150,21 @@ def cmd_render(args: argparse.Namespace) -> int:
         for problem in problems:
             print(problem)
         if problems:
-            print("images/ does not match matrix.yaml and templates/; run `python -m builder render`")
+            print(f"{grid.images_dir} does not match {grid.path.name} and templates/; run `python -m builder render`")
         return 1 if problems else 0
     written = render.render(grid.cells, grid)
-    console.print(f"rendered {len(grid.cells)} cells, {len(written)} files changed")
+    removed = render.remove_orphans(grid)
+    console.print(
+        f"rendered {len(grid.cells)} cells into {grid.images_dir}, {len(written)} files changed"
+        + (f", removed {len(removed)} folders of cells the matrix no longer has" if removed else "")
+    )
+    for problem in render.orphans(grid):  # folders holding files render does not write are left alone
+        console.print(f"left in place: {problem} (it holds files render did not write)")
     return 0
 
 
 def cmd_engine(args: argparse.Namespace) -> int:
-    console.print(engine.ensure_running(install=args.install))
+    console.print(engine.ensure_running(install=args.install, test_tools=args.test_tools))
     return 0
 
 
@@ -147,30 +175,16 @@ def cmd_build(args: argparse.Namespace) -> int:
         build.preflight(cell, grid)
     client = engine.client()
     house = wheelhouse.Wheelhouse()
-    results = []
-    for cell in cells:
-        with console.status(f"{cell.name}: starting") as status:
-            result = build.build_cell(
-                client,
-                grid,
-                cell,
-                house,
-                lambda text: status.update(text),
-                args.no_cache,
-                not args.no_normalize,
-                args.backend,
-            )
-        if result.status == "built" and not args.no_smoke:
-            with console.status(f"{cell.name}: running the self-test in the image"):
-                verdict = smoke.run(client, result.reference)
-            result.status = f"built, self-test {verdict.status}"
-            result.detail = verdict.summary
-            if verdict.status != "pass":
-                result.status = "failed: self-test"
-        results.append(result)
-        console.print(
-            f"{cell.name}: {result.status} ({result.detail})" if result.detail else f"{cell.name}: {result.status}"
-        )
+    results: list[build.BuildResult] = []
+    try:
+        for cell in cells:
+            results.append(_build_and_test(client, grid, cell, house, args))
+    finally:
+        if args.keep_build_cache:
+            for name in build.keep_intermediates(client, results):
+                console.print(f"kept the build cache as {name}")
+        else:
+            build.discard_intermediates(client, results)
     table = Table(title="build summary")
     for column in ("cell", "tag", "image ID", "size", "build time", "status"):
         table.add_column(column)
@@ -178,6 +192,29 @@ def cmd_build(args: argparse.Namespace) -> int:
         table.add_row(r.cell, r.reference, r.image_id[7:19], _human(r.size_bytes), f"{r.seconds:.0f} s", r.status)
     Console(width=200).print(table)
     return 0 if all(not r.status.startswith("failed") for r in results) else 1
+
+
+def _build_and_test(
+    client: docker.DockerClient, grid: matrix.Matrix, cell: Cell, house: wheelhouse.Wheelhouse, args: argparse.Namespace
+) -> build.BuildResult:
+    with progress(f"{cell.name}: starting") as report:
+        result = build.build_cell(client, grid, cell, house, report, args.no_cache, not args.no_normalize, args.backend)
+        if result.status in ("built", "unchanged") and not args.no_smoke:
+            known = smoke.passing_report(result.image_id)
+            if known is not None:
+                result.status += ", self-test pass (earlier run, same image ID)"
+            else:
+                report(f"{cell.name}: running the self-test in the image")
+                verdict = smoke.run(client, result.reference)
+                result.status = f"{result.status}, self-test {verdict.status}"
+                result.detail = verdict.summary
+                if verdict.status != "pass":
+                    result.status = "failed: self-test"
+    console.print(
+        f"{cell.name}: {result.status} ({result.detail})" if result.detail else f"{cell.name}: {result.status}",
+        highlight=False,
+    )
+    return result
 
 
 def cmd_smoke(args: argparse.Namespace) -> int:
@@ -191,7 +228,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
         references = [t if ":" in t else build.local_reference(grid, grid.cell(t)) for t in references]
     failed = 0
     for reference in references:
-        with console.status(f"{reference}: running the self-test"):
+        with progress(f"{reference}: running the self-test"):
             verdict = smoke.run(client, reference, gpus=None if not args.cpu else False)
         print(verdict.report.get("table", ""), end="")
         console.print(f"{reference}: self-test {verdict.status} ({verdict.summary}); report: {verdict.path}")
@@ -220,8 +257,9 @@ def cmd_verify_repro(args: argparse.Namespace) -> int:
     for cell in _cells(args, grid):
         ids = []
         for attempt in (1, 2):
-            with console.status(f"{cell.name}: build {attempt} of 2, without cache") as status:
-                result = build.build_cell(client, grid, cell, house, lambda t: status.update(t), no_cache=True)
+            with progress(f"{cell.name}: build {attempt} of 2, without cache") as report:
+                result = build.build_cell(client, grid, cell, house, report, no_cache=True)
+            build.discard_intermediates(client, [result])
             if result.status != "built":
                 raise UserError(f"{cell.name}: build {attempt} failed: {result.detail}")
             ids.append(result.image_id)
@@ -239,67 +277,147 @@ def cmd_verify_repro(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m builder", description=__doc__)
-    parser.add_argument("--matrix", default=str(matrix.DEFAULT_MATRIX), help="matrix file (default: ./matrix.yaml)")
-    commands = parser.add_subparsers(dest="command", required=True)
+NEEDS_NOTHING = "Offline; needs no engine."
 
-    plan = commands.add_parser("plan", help="list every cell with resolved versions, or why it is rejected")
-    plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m builder",
+        description="Reproducible, tested container images for GPU PyTorch, from one matrix file. "
+        "Every command takes --matrix before or after its name.",
+    )
+    matrix_help = "the matrix file (default: ./matrix.yaml); its images: folder is beside it"
+    parser.add_argument("--matrix", default=str(matrix.DEFAULT_MATRIX), help=matrix_help)
+    # The same option after the subcommand; SUPPRESS keeps the value given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--matrix", default=argparse.SUPPRESS, help=matrix_help)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, summary: str, details: str) -> argparse.ArgumentParser:
+        return commands.add_parser(name, parents=[common], help=summary, description=f"{summary}. {details}")
+
+    plan = command(
+        "plan", "list every cell with resolved versions, or why it is rejected", NEEDS_NOTHING + " Reads data/."
+    )
+    plan.add_argument("--json", action="store_true", help="print JSON (for CI matrices) instead of a table")
     plan.set_defaults(func=cmd_plan)
 
-    lock_cmd = commands.add_parser("lock", help="resolve hash-pinned requirements for cells (all by default)")
-    lock_cmd.add_argument("cells", nargs="*")
-    lock_cmd.add_argument("--all", action="store_true")
-    lock_cmd.add_argument("--check", action="store_true", help="fail when a lock does not match the matrix")
-    lock_cmd.add_argument("--jobs", type=int, default=4, help="cells resolved at once (default 4)")
-    lock_cmd.add_argument("--python-only", action="store_true", help="skip pinning Debian packages (needs no engine)")
+    lock_cmd = command(
+        "lock",
+        "resolve hash-pinned requirements (requirements.lock, flavor.lock) and Debian pins (debian.lock)",
+        "Needs the package index (PyPI or the matrix's indexes) and, for Debian pins, the engine and the distro "
+        "mirror. Writes images/<cell>/. With --check: offline, needs no engine, writes nothing.",
+    )
+    lock_cmd.add_argument("cells", nargs="*", help="cells to lock (default: every buildable cell)")
+    lock_cmd.add_argument("--all", action="store_true", help="every buildable cell (the default when none is named)")
+    lock_cmd.add_argument(
+        "--check",
+        action="store_true",
+        help="validate every line of the locks and fail when one does not match the matrix or was edited; offline",
+    )
+    lock_cmd.add_argument("--jobs", type=int, default=4, help="cells resolved at once (default: 4)")
+    lock_cmd.add_argument("--python-only", action="store_true", help="skip the Debian pins (then no engine is needed)")
     lock_cmd.set_defaults(func=cmd_lock)
 
-    render_cmd = commands.add_parser("render", help="write images/<cell>/Dockerfile and spec.json")
-    render_cmd.add_argument("--check", action="store_true", help="fail when images/ differs from a fresh render")
+    render_cmd = command(
+        "render",
+        "write images/<cell>/Dockerfile and spec.json from templates/ and the locks",
+        NEEDS_NOTHING + " Removes folders of cells the matrix no longer has.",
+    )
+    render_cmd.add_argument(
+        "--check", action="store_true", help="fail when images/ differs from a fresh render; writes nothing"
+    )
     render_cmd.set_defaults(func=cmd_render)
 
-    build_cmd = commands.add_parser("build", help="build cells (default: the flagship) on the Docker engine")
-    build_cmd.add_argument("cells", nargs="*")
+    build_cmd = command(
+        "build",
+        "build cells on the Docker engine, then self-test each",
+        "Needs the engine; downloads the locked wheels once into the wheelhouse cache (~/.cache/torch-images, "
+        "TORCH_IMAGES_CACHE moves it) and bootstraps bases from the distro mirror when no registry has them. "
+        "A cell whose inputs did not change since its image was built is not built again.",
+    )
+    build_cmd.add_argument("cells", nargs="*", help="cells to build (default: the flagship)")
     build_cmd.add_argument("--all", action="store_true", help="every buildable cell")
-    build_cmd.add_argument("--no-cache", action="store_true")
-    build_cmd.add_argument("--no-smoke", action="store_true", help="skip the self-test (the image cannot be published)")
+    build_cmd.add_argument("--no-cache", action="store_true", help="build every step again (default: reuse the cache)")
     build_cmd.add_argument(
-        "--no-normalize", action="store_true", help="keep the engine's timestamps (not reproducible)"
+        "--no-smoke", action="store_true", help="skip the self-test (then the image cannot be published)"
+    )
+    build_cmd.add_argument(
+        "--no-normalize", action="store_true", help="keep the engine's timestamps (the image is not reproducible)"
+    )
+    build_cmd.add_argument(
+        "--keep-build-cache",
+        action="store_true",
+        help="keep the engine's build steps, tagged torch-images/build-cache:<cell>, so that a changed cell "
+        "rebuilds only what changed (default: removed after the run)",
     )
     build_cmd.add_argument(
         "--backend",
         choices=["sdk", "buildkit"],
         default="sdk",
-        help="sdk: the engine's classic builder through the Docker SDK (default, works everywhere); "
-        "buildkit: BuildKit through a docker CLI that offers it",
+        help="sdk (default): the engine's classic builder through the Docker SDK, works with any engine; "
+        "buildkit: BuildKit through a docker CLI that offers it (Debian's docker.io 20.10 CLI, or one with buildx)",
     )
     build_cmd.set_defaults(func=cmd_build)
 
-    publish_cmd = commands.add_parser("publish", help="push cells whose self-test passed (default: the flagship)")
-    publish_cmd.add_argument("cells", nargs="*")
-    publish_cmd.add_argument("--all", action="store_true")
-    publish_cmd.add_argument("--registry", help="override matrix.yaml's registry (host:port)")
+    publish_cmd = command(
+        "publish",
+        "push cells whose self-test passed for that exact image ID, then their SBOM and report, then aliases",
+        "Needs the engine and the registry; credentials from TORCH_IMAGES_REGISTRY_USER and "
+        "TORCH_IMAGES_REGISTRY_PASSWORD. Writes published/<cell>.json beside the matrix.",
+    )
+    publish_cmd.add_argument("cells", nargs="*", help="cells to publish (default: the flagship)")
+    publish_cmd.add_argument("--all", action="store_true", help="every buildable cell")
+    publish_cmd.add_argument("--registry", help="push here instead of matrix.yaml's registry (host:port)")
     publish_cmd.set_defaults(func=cmd_publish)
 
-    repro_cmd = commands.add_parser("verify-repro", help="build a cell twice without cache and compare the images")
-    repro_cmd.add_argument("cells", nargs="*")
-    repro_cmd.add_argument("--all", action="store_true")
+    repro_cmd = command(
+        "verify-repro",
+        "build cells twice without cache and compare image IDs and layers",
+        "Needs the engine. Default: the flagship, which is about 6 GB and takes minutes per build; name a small "
+        "cell (such as the CPU one) for a quick check.",
+    )
+    repro_cmd.add_argument("cells", nargs="*", help="cells to verify (default: the flagship)")
+    repro_cmd.add_argument("--all", action="store_true", help="every buildable cell (hours)")
     repro_cmd.set_defaults(func=cmd_verify_repro)
 
-    smoke_cmd = commands.add_parser("smoke", help="run the in-image self-test on cells or images")
+    smoke_cmd = command(
+        "smoke",
+        "run the in-image self-test on cells or images",
+        "Needs the engine; passes every GPU when the engine has the NVIDIA runtime. The report is kept in the "
+        "cache under the image ID; publish requires a passing one.",
+    )
     smoke_cmd.add_argument("targets", nargs="*", help="cell names or image references (default: the flagship)")
     smoke_cmd.add_argument("--cpu", action="store_true", help="do not pass GPUs to the container")
     smoke_cmd.set_defaults(func=cmd_smoke)
 
-    engine_cmd = commands.add_parser("engine", help="start a Docker engine if none answers (root only)")
-    engine_cmd.add_argument("--install", action="store_true", help="install Debian's docker.io if missing")
+    engine_cmd = command(
+        "engine",
+        "start a Docker engine if none answers",
+        "Starting dockerd needs root; it keeps running in the background (log: /var/log/torch-images-dockerd.log).",
+    )
+    engine_cmd.add_argument(
+        "--install",
+        action="store_true",
+        help="as root, install with apt what is missing: Debian's docker.io and mmdebstrap (bootstraps bases)",
+    )
+    engine_cmd.add_argument(
+        "--test-tools",
+        action="store_true",
+        help="with --install, also what the tests use: docker-registry, apache2-utils (htpasswd) and openssl",
+    )
     engine_cmd.set_defaults(func=cmd_engine)
 
-    compat_cmd = commands.add_parser("compat", help="compatibility data derived from the wheels' metadata")
-    compat_sub = compat_cmd.add_subparsers(dest="compat_command", required=True)
-    refresh = compat_sub.add_parser("refresh", help="re-read torch wheel metadata into data/torch_wheels.json")
+    compat_cmd = command("compat", "compatibility data derived from the wheels' own metadata", "See refresh.")
+    compat_sub = compat_cmd.add_subparsers(dest="compat_command", required=True, metavar="ACTION")
+    refresh = compat_sub.add_parser(
+        "refresh",
+        parents=[common],
+        help="re-read torch and TensorRT-LLM metadata into data/",
+        description="Re-read the metadata of the matrix's torch versions from its indexes into "
+        "data/torch_wheels.json, and of its TensorRT-LLM versions into data/trtllm.json. Needs the indexes "
+        "(PyPI); writes those two files.",
+    )
     refresh.set_defaults(func=cmd_compat_refresh)
     return parser
 
@@ -309,7 +427,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         code: int = args.func(args)
+        sys.stdout.flush()
         return code
+    except BrokenPipeError:
+        # The reader stopped early (`plan --json | head`): not an error of ours. Point stdout at
+        # /dev/null so the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except UserError as error:
         console.print(f"[red]error:[/red] {error.line()}", highlight=False, soft_wrap=True)
         return EXIT_USER_ERROR

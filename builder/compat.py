@@ -17,9 +17,9 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-from builder import pypi
+from builder import paths, pypi
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+DATA_DIR = paths.DATA
 TORCH_WHEELS = DATA_DIR / "torch_wheels.json"
 TRTLLM = DATA_DIR / "trtllm.json"
 CPYTHON_TAG = re.compile(r"^cp(\d)(\d+)$")

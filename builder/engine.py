@@ -16,6 +16,9 @@ from builder.errors import UserError
 DOCKERD_LOG = Path("/var/log/torch-images-dockerd.log")
 # Program -> Debian package that a fresh host needs for builds (the engine, the base bootstrap).
 HOST_TOOLS = {"dockerd": "docker.io", "mmdebstrap": "mmdebstrap"}
+# ... and for the tests: a real registry (the CNCF distribution, as Debian packages it) with
+# htpasswd authentication, and openssl for the certificates the tests make.
+TEST_TOOLS = {"docker-registry": "docker-registry", "htpasswd": "apache2-utils", "openssl": "openssl"}
 
 
 def socket_name() -> str:
@@ -43,14 +46,25 @@ def answers() -> bool:
         return False
 
 
-def ensure_running(install: bool) -> str:
+def _program_missing(program: str) -> bool:
+    # Debian installs docker-registry in /usr/bin, which a minimal PATH may lack.
+    return shutil.which(program) is None and not Path("/usr/bin", program).exists()
+
+
+def missing_packages(test_tools: bool) -> list[str]:
+    tools = {**HOST_TOOLS, **(TEST_TOOLS if test_tools else {})}
+    return [package for program, package in tools.items() if _program_missing(program)]
+
+
+def ensure_running(install: bool, test_tools: bool = False) -> str:
     """Install what a fresh host lacks (with install, as root, with apt) and start dockerd if none answers.
 
-    Installs Debian's docker.io and mmdebstrap when missing, and starts dockerd in the
-    background, logging to DOCKERD_LOG. Returns what it did, for the caller to print.
+    Installs Debian's docker.io and mmdebstrap when missing (with test_tools also
+    docker-registry, apache2-utils and openssl), and starts dockerd in the background, logging
+    to DOCKERD_LOG. Returns what it did, for the caller to print.
     """
     did = []
-    missing = [package for program, package in HOST_TOOLS.items() if shutil.which(program) is None]
+    missing = missing_packages(test_tools)
     if missing and install and os.geteuid() == 0 and shutil.which("apt-get"):
         subprocess.run(["apt-get", "update", "-q"], check=True, stdout=subprocess.DEVNULL)
         subprocess.run(
@@ -60,6 +74,8 @@ def ensure_running(install: bool) -> str:
             env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
         )
         did.append(f"installed {', '.join(missing)} with apt-get")
+    elif missing:
+        did.append(f"missing {', '.join(missing)} (install them with apt-get, or run this as root with --install)")
     if answers():
         return "; ".join([*did, "a Docker engine answers"])
     if os.geteuid() != 0:

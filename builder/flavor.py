@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from builder import grammar, yamlsource
 from builder.cell import Cell
 from builder.compat import DATA_DIR
+from builder.errors import UserError
 
 FLAVORS_FILE = DATA_DIR / "flavors.yaml"
 
@@ -33,9 +34,31 @@ class FlavorTable:
     flavors: dict[str, Flavor]
 
 
+def _checked(path: Path, raw: dict[str, Any]) -> dict[str, Any]:
+    """Every Debian package name and Python requirement in the file, against its grammar: they
+    reach the Dockerfiles and the resolver."""
+    groups = [("common", raw["common"]), *((f"flavors.{name}", spec) for name, spec in raw["flavors"].items())]
+    for where, spec in groups:
+        if where != "common" and not grammar.NAME.matches(where.removeprefix("flavors.")):
+            raise UserError(f"flavor name {where!r} is not {grammar.NAME.hint}", path, where)
+        for package in spec.get("system", []):
+            if not isinstance(package, str) or not grammar.DEBIAN_PACKAGE.matches(package):
+                raise UserError(f"{package!r} is not {grammar.DEBIAN_PACKAGE.hint}", path, f"{where}.system")
+        for key in ("python", "python_cuda_toolkit", "python_cuda_legacy"):
+            for requirement in spec.get(key, []):
+                if not isinstance(requirement, str) or not re.fullmatch(r"[A-Za-z0-9_.\[\]{}~=<>!,-]+", requirement):
+                    raise UserError(
+                        f"{requirement!r} is not a requirement such as numpy or ninja==1.11 (fields in braces)",
+                        path,
+                        f"{where}.{key}",
+                    )
+    return raw
+
+
 @cache
 def load(path: Path = FLAVORS_FILE) -> FlavorTable:
-    raw: dict[str, Any] = yaml.safe_load(path.read_text())
+    data, _ = yamlsource.load(path, "data/flavors.yaml ships with the builder")
+    raw: dict[str, Any] = _checked(path, data)
     flavors = {
         name: Flavor(
             name=name,

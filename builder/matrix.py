@@ -18,36 +18,43 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from builder import flavor as flavors
+from builder import grammar
 from builder.cell import BaseImage, Cell
 from builder.compat import TorchBuild, TorchWheels, TrtllmRelease, load_trtllm, version_key
 from builder.errors import Location, UserError
+from builder.grammar import Grammar
 from builder.yamlsource import FieldPath, SourceMap, dotted, load
 
 DEFAULT_MATRIX = Path("matrix.yaml")
 
-# Each pattern with what to write instead, for error messages.
-PATTERNS = {
-    "version": (r"^\d+(\.\d+)+$", 'a version such as "2.15.0"'),
-    "cuda": (r"^(cpu|\d+\.\d+)$", 'a CUDA version such as "12.8", or "cpu"'),
-    "name": (r"^[a-z0-9][a-z0-9._-]*$", "a lower-case name (letters, digits, '.', '_', '-')"),
-    "digest": (
-        r"^[a-z0-9][a-z0-9./:_-]*@sha256:[0-9a-f]{64}$",
-        "an image pinned by digest: name:tag@sha256:<64 hex>",
-    ),
-    "url": (r"^https?://\S+$", "an http:// or https:// URL"),
-    "loopback": (r"^127\.\d+\.\d+\.\d+:\d+$", 'a loopback address such as "127.0.0.1:8741"'),
-}
-HINTS = dict(PATTERNS.values())
-Version = Annotated[str, Field(pattern=PATTERNS["version"][0])]
-Cuda = Annotated[str, Field(pattern=PATTERNS["cuda"][0])]
-Name = Annotated[str, Field(pattern=PATTERNS["name"][0])]
-Digest = Annotated[str, Field(pattern=PATTERNS["digest"][0])]
-HttpUrl = Annotated[str, Field(pattern=PATTERNS["url"][0])]
-Loopback = Annotated[str, Field(pattern=PATTERNS["loopback"][0])]
+
+def _field(grammar: Grammar) -> Any:
+    return Field(pattern=f"^(?:{grammar.pattern})$")
+
+
+# Pattern (as pydantic reports it) -> what to write instead, for error messages.
+HINTS = {
+    f"^(?:{g.pattern})$": g.hint
+    for g in (
+        grammar.VERSION, grammar.CUDA, grammar.NAME, grammar.DIGEST, grammar.URL, grammar.LOOPBACK,
+        grammar.REGISTRY, grammar.REPOSITORY, grammar.RELATIVE_DIR, grammar.FIND_LINKS,
+    )
+}  # fmt: skip
+Version = Annotated[str, _field(grammar.VERSION)]
+Cuda = Annotated[str, _field(grammar.CUDA)]
+Name = Annotated[str, _field(grammar.NAME)]
+Digest = Annotated[str, _field(grammar.DIGEST)]
+HttpUrl = Annotated[str, _field(grammar.URL)]
+Loopback = Annotated[str, _field(grammar.LOOPBACK)]
+RegistryHost = Annotated[str, _field(grammar.REGISTRY)]
+Repository = Annotated[str, _field(grammar.REPOSITORY)]
+RelativeDir = Annotated[str, _field(grammar.RELATIVE_DIR)]
+FindLinks = Annotated[str, _field(grammar.FIND_LINKS)]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    # Python's re: the grammars use lookaheads, which pydantic's default (Rust) engine lacks.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, regex_engine="python-re")
 
 
 class BootstrapSpec(Strict):
@@ -69,7 +76,7 @@ class BaseSpec(Strict):
 class IndexSpec(Strict):
     url: HttpUrl | None = None
     extra_urls: list[HttpUrl] = []  # searched after url, for packages url does not have
-    find_links: list[str] = []
+    find_links: list[FindLinks] = []
 
     @property
     def urls(self) -> list[str]:
@@ -106,12 +113,13 @@ class WheelhouseSpec(Strict):
 
 
 class MatrixSpec(Strict):
-    registry: str
-    repository: Name
+    registry: RegistryHost
+    repository: Repository
+    images: RelativeDir = "images"  # where render writes, relative to the matrix file
     tag: str
     aliases: list[AliasSpec] = []
     flagship: Selector
-    source_date_epoch: int
+    source_date_epoch: Annotated[int, Field(ge=0, lt=2**32)]
     wheelhouse: WheelhouseSpec = WheelhouseSpec()
     bases: dict[Name, BaseSpec]
     indexes: dict[Name, IndexSpec]
@@ -157,6 +165,15 @@ class Matrix:
 
     def index(self, name: str) -> IndexSpec:
         return self.spec.indexes[name]
+
+    @property
+    def images_dir(self) -> Path:
+        """Where this matrix's generated files live: its `images:` folder beside the matrix file."""
+        return images_root(self.path, self.spec)
+
+
+def images_root(path: Path, spec: MatrixSpec) -> Path:
+    return path.resolve().parent / spec.images
 
 
 # ---------------------------------------------------------------- schema errors
@@ -239,17 +256,34 @@ def _check_references(spec: MatrixSpec, source: SourceMap) -> None:
                     source.location(("include", i)),
                     f"include[{i}]",
                 )
-    for where, template in [
-        (("tag",), spec.tag),
-        *((("aliases", i, "template"), a.template) for i, a in enumerate(spec.aliases)),
-    ]:
-        for _, field_name, _, _ in string.Formatter().parse(template):
-            if field_name and field_name not in TEMPLATE_FIELDS:
-                raise UserError(
-                    f"unknown field {{{field_name}}}; use: {', '.join('{' + f + '}' for f in TEMPLATE_FIELDS)}",
-                    source.location(where),
-                    dotted(where),
-                )
+    _check_template(("tag",), spec.tag, source)
+    for i, alias in enumerate(spec.aliases):
+        _check_template(("aliases", i, "template"), alias.template, source)
+
+
+def _check_template(where: FieldPath, template: str, source: SourceMap) -> None:
+    """A tag template is literal tag characters and named fields, nothing else."""
+
+    def fail(message: str) -> UserError:
+        return UserError(message, source.location(where), dotted(where))
+
+    fields = ", ".join("{" + f + "}" for f in TEMPLATE_FIELDS)
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as error:
+        raise fail(f"malformed template ({error}); write fields as {{torch}}, braces only around a field") from None
+    for literal, field_name, format_spec, conversion in parts:
+        bad = next((c for c in literal if not re.fullmatch(r"[A-Za-z0-9._-]", c)), None)
+        if bad is not None:
+            raise fail(f"{bad!r} cannot be part of a tag; use letters, digits, '.', '_', '-' and fields ({fields})")
+        if field_name is None:
+            continue
+        if field_name == "" or field_name.isdigit():
+            raise fail(f"a field needs a name, such as {{torch}}; use: {fields}")
+        if field_name not in TEMPLATE_FIELDS:
+            raise fail(f"unknown field {{{field_name}}}; use: {fields}")
+        if format_spec or conversion:
+            raise fail(f"{{{field_name}}} takes no format spec or conversion; write {{{field_name}}} alone")
 
 
 TEMPLATE_FIELDS = (
@@ -314,7 +348,12 @@ def _trtllm_reason(release: TrtllmRelease | None, version: str, build: TorchBuil
 
 
 def _resolve(
-    selector: Selector, spec: MatrixSpec, wheels: TorchWheels, trtllm: dict[str, TrtllmRelease], origin: str
+    selector: Selector,
+    spec: MatrixSpec,
+    wheels: TorchWheels,
+    trtllm: dict[str, TrtllmRelease],
+    origin: str,
+    images_root: Path | None = None,
 ) -> Cell | str:
     """A cell from a complete selector, or the reason it cannot work."""
     base = _base_image(selector.base or "", spec.bases[selector.base or ""])
@@ -360,6 +399,7 @@ def _resolve(
         cudnn=cudnn or build.cudnn,
         trtllm=selector.trtllm if flavor.name == "trtllm" else None,
         origin=origin,
+        images_root=images_root,
     )
     return _named(cell, spec)
 
@@ -442,6 +482,7 @@ def _provisional_name(selector: Selector) -> str:
 def expand(
     spec: MatrixSpec, source: SourceMap, wheels: TorchWheels, trtllm: dict[str, TrtllmRelease]
 ) -> tuple[list[Cell], list[Rejected]]:
+    root = images_root(source.path, spec)
     cells: list[Cell] = []
     rejected: list[Rejected] = []
     defaults = spec.defaults.model_dump(exclude_none=True)
@@ -452,7 +493,7 @@ def expand(
     ]
     seen: dict[str, FieldPath] = {}
     for selector, origin, where in candidates:
-        result = _resolve(selector, spec, wheels, trtllm, origin)
+        result = _resolve(selector, spec, wheels, trtllm, origin, root)
         values = _cell_values(result) if isinstance(result, Cell) else selector.model_dump()
         if origin == "axes" and any(_matches(rule, values) for rule in spec.exclude):
             continue
@@ -473,9 +514,14 @@ def expand(
     return cells, rejected
 
 
-def _check_cells(cells: list[Cell], spec: MatrixSpec, source: SourceMap) -> None:
+def _check_cells(cells: list[Cell], rejected: list[Rejected], spec: MatrixSpec, source: SourceMap) -> None:
     if not cells:
-        raise UserError("the matrix makes no buildable cell; add axes or include entries", source.location(()))
+        reasons = "; ".join(f"{r.name}: {r.reason}" for r in rejected)
+        raise UserError(
+            "the matrix makes no buildable cell; add axes or include entries"
+            + (f" that can work. Rejected: {reasons}" if reasons else ""),
+            source.location(()),
+        )
     flagships = [cell for cell in cells if cell.flagship]
     if len(flagships) != 1:
         found = ", ".join(c.name for c in flagships) or "none"
@@ -487,6 +533,13 @@ def _check_cells(cells: list[Cell], spec: MatrixSpec, source: SourceMap) -> None
     owners: dict[str, str] = {}
     for cell in cells:
         for tag in (cell.tag, *cell.aliases):
+            if not grammar.TAG.matches(tag):
+                where = ("tag",) if tag == cell.tag else ("aliases",)
+                raise UserError(
+                    f"cell {cell.name} gets the tag {tag!r}, which is not a valid tag: {grammar.TAG.hint}",
+                    source.location(where),
+                    dotted(where),
+                )
             if tag in owners and owners[tag] != cell.name:
                 where = ("aliases",) if tag != cell.tag else ("tag",)
                 raise UserError(
@@ -499,8 +552,18 @@ def _check_cells(cells: list[Cell], spec: MatrixSpec, source: SourceMap) -> None
 
 
 def expand_env(text: str) -> str:
-    """${VAR} and ${VAR:-default} in paths, so a matrix can point at a site's wheel directory."""
-    return re.sub(r"\$\{(\w+)(?::-([^}]*))?\}", lambda m: os.environ.get(m.group(1)) or (m.group(2) or ""), text)
+    """${VAR} and ${VAR:-default} in find_links, so a matrix can point at a site's wheel directory.
+
+    Only the variables the README names (grammar.ENV_VARIABLES) expand; the schema refuses any
+    other, so a matrix cannot read the environment. Messages print the text as written, never
+    the expanded value.
+    """
+
+    def value(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2) or ""
+        return (os.environ.get(name) or default) if name in grammar.ENV_VARIABLES else match.group(0)
+
+    return grammar.ENV_REFERENCE.sub(value, text)
 
 
 def load_matrix(
@@ -508,5 +571,5 @@ def load_matrix(
 ) -> Matrix:
     spec, source = parse(path)
     cells, rejected = expand(spec, source, wheels or TorchWheels.load(), load_trtllm() if trtllm is None else trtllm)
-    _check_cells(cells, spec, source)
+    _check_cells(cells, rejected, spec, source)
     return Matrix(path=path, spec=spec, cells=cells, rejected=rejected)

@@ -36,6 +36,7 @@ class WheelFile:
     url: str
     sha256: str | None
     requires_python: str | None
+    size: int | None = None  # bytes, where the index says (PEP 700)
 
     @property
     def tags(self) -> dict[str, str]:
@@ -85,6 +86,7 @@ def index_files(project: str, index_url: str, suffix: str = ".whl") -> list[Whee
             url=entry["url"],
             sha256=entry.get("hashes", {}).get("sha256"),
             requires_python=entry.get("requires-python"),
+            size=entry.get("size"),
         )
         for entry in listing["files"]
         if entry["filename"].endswith(suffix) and not entry.get("yanked")

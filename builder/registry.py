@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import ipaddress
 import json
+import socket
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
@@ -27,6 +30,25 @@ MANIFEST_TYPES = ", ".join(
 )
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 EMPTY_CONFIG = b"{}"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address `host` (host[:port]) resolves to is a loopback address.
+
+    Decided from the resolved addresses, not the name: "localhost.example.com" or
+    "127.0.0.1.example.com" are remote hosts and get HTTPS.
+    """
+    name = urllib.parse.urlsplit(f"//{host}").hostname or ""
+    try:
+        infos = socket.getaddrinfo(name, None)
+    except (OSError, UnicodeError):
+        return False
+    return bool(infos) and all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
+
+
+def same_origin(url: str, base: str) -> bool:
+    first, second = urllib.parse.urlsplit(url), urllib.parse.urlsplit(base)
+    return (first.scheme, first.hostname, first.port) == (second.scheme, second.hostname, second.port)
 
 
 @dataclass(frozen=True)
@@ -46,8 +68,7 @@ class Registry:
         backoff_s: float = 0.5,
     ) -> None:
         self.host = host
-        loopback = host.startswith(("127.", "localhost", "[::1]"))
-        self.base = f"{'http' if loopback else 'https'}://{host}/v2/"
+        self.base = f"{'http' if is_loopback(host) else 'https'}://{host}/v2/"
         self.auth = (
             "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode() if username is not None else None
         )
@@ -58,11 +79,13 @@ class Registry:
     ) -> tuple[int, dict[str, str], bytes]:
         url = path if path.startswith("http") else self.base + path
         headers = dict(headers or {})
-        if self.auth:
-            headers["Authorization"] = self.auth
         last_error = ""
         for attempt in range(self.retries + 1):
             request = urllib.request.Request(url, data=data, method=method, headers=headers)
+            if self.auth and same_origin(url, self.base):
+                # Unredirected: urllib copies ordinary headers onto a redirect to any host;
+                # credentials go to the registry itself and nowhere else.
+                request.add_unredirected_header("Authorization", self.auth)
             try:
                 with urllib.request.urlopen(request, timeout=30) as response:
                     return response.status, dict(response.headers), response.read()
@@ -121,6 +144,7 @@ class Registry:
             raise UserError(f"registry {self.host} refused a blob upload ({status})")
         if location.startswith("/"):
             location = self.base.removesuffix("/v2/") + location
+        # An upload location on another host (a storage service) gets no credentials: see _request.
         separator = "&" if "?" in location else "?"
         status, _, _ = self._request(
             "PUT", f"{location}{separator}digest={digest}", {"Content-Type": "application/octet-stream"}, data

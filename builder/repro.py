@@ -35,6 +35,8 @@ from typing import IO, Any
 
 import docker
 
+from builder import paths
+
 Report = Callable[[str], None]
 # Paths whose content changes from build to build and that no image needs.
 # (The -old copies dpkg and debconf keep are not among them: they hold the previous state of
@@ -52,10 +54,7 @@ SMALL_LAYER = 64 << 20
 
 
 def cache_dir() -> Path:
-    root = Path(os.environ.get("TORCH_IMAGES_CACHE", Path.home() / ".cache" / "torch-images"))
-    path = root / "layers"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return paths.cache_dir("layers")
 
 
 def timestamp(epoch: int) -> str:

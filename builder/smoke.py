@@ -17,9 +17,9 @@ import docker
 import docker.errors
 from docker.types import DeviceRequest
 
+from builder import paths
 from builder.errors import UserError
 
-REPORTS_DIR = Path(__file__).resolve().parent.parent / "reports"
 SELFTEST_COMMAND = ["torch-selftest", "--json", "-"]
 
 
@@ -40,7 +40,8 @@ class SmokeResult:
 
 
 def report_path(image_id: str) -> Path:
-    return REPORTS_DIR / f"{image_id.replace(':', '-')}.json"
+    """Reports live in the builder's cache, keyed by image ID (the publish gate reads them there)."""
+    return paths.cache_dir("reports") / f"{image_id.replace(':', '-')}.json"
 
 
 def has_nvidia_runtime(engine: docker.DockerClient) -> bool:

@@ -6,6 +6,12 @@ shared by all cells. A build reaches them over http://127.0.0.1 with host networ
 so nothing from the host's trust store ever enters an image, and the wheel files never
 enter a layer. Concurrent builds share the cache safely: one lock file per blob, writes
 to a temporary name renamed into place only after the hash matched.
+
+Before a build, every cached file is checked against its sha256 again (a file whose size
+and change time are those recorded at its last check is not read again: any write changes
+its ctime). A corrupt file is removed and downloaded again, or, offline, refused with one
+line. The server answers only for the files builds asked for (no listings, no symbolic
+links, nothing else under the cache).
 """
 
 from __future__ import annotations
@@ -15,12 +21,16 @@ import hashlib
 import html
 import http.server
 import os
+import posixpath
 import re
+import shutil
+import stat
 import tempfile
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,17 +39,20 @@ from filelock import FileLock
 from packaging import tags as wheel_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from builder import pypi
+from builder import paths, pypi
 from builder.cell import Cell
 from builder.errors import UserError
 from builder.lock import Lockfile
 from builder.matrix import Matrix, expand_env
 
 MARKER = ".torch-images-wheelhouse"
+SERVED_LIST = "served.list"  # the paths builds asked for, shared with servers of other processes
+BIG_FILE = 64 << 20  # downloads this large report their progress
+Report = Callable[[str], None]
 
 
 def default_root() -> Path:
-    return Path(os.environ.get("TORCH_IMAGES_CACHE", Path.home() / ".cache" / "torch-images")) / "wheelhouse"
+    return paths.cache_root() / "wheelhouse"
 
 
 @dataclass(frozen=True)
@@ -50,6 +63,7 @@ class WheelRef:
     filename: str
     url: str
     sha256: str
+    size: int | None = None  # as the index lists it
 
 
 def target_tags(cell: Cell) -> list[wheel_tags.Tag]:
@@ -73,11 +87,14 @@ def sha256_of(path: Path) -> str:
 
 
 class Wheelhouse:
-    def __init__(self, root: Path | None = None) -> None:
+    def __init__(self, root: Path | None = None, report: Report | None = None) -> None:
         self.root = root or default_root()
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / MARKER).write_text(str(self.root.resolve()))
         self.bytes_downloaded = 0
+        self.report: Report = report or (lambda _: None)
+        self._served: set[str] = {MARKER}
+        self.corrupt: list[str] = []  # cached files found corrupt (and removed) in this run
 
     def blob(self, sha256: str, filename: str) -> Path:
         return self.root / "sha256" / sha256[:2] / sha256 / filename
@@ -116,7 +133,7 @@ class Wheelhouse:
                 if digest not in package.hashes:
                     continue
                 if best is None or rank < best[0]:
-                    best = (rank, WheelRef(package.name, wheel.filename, wheel.url, digest))
+                    best = (rank, WheelRef(package.name, wheel.filename, wheel.url, digest, wheel.size))
             if best is None:
                 raise UserError(
                     f"{lock.path}: no wheel of {package.name}=={package.version} with a locked hash fits "
@@ -132,18 +149,18 @@ class Wheelhouse:
     # ------------------------------------------------------------ fetching
 
     def fetch(self, ref: WheelRef) -> Path:
-        """The verified file in the cache, downloading it first if needed."""
+        """The verified file in the cache, downloading it first if it is missing or corrupt."""
         target = self.blob(ref.sha256, ref.filename)
-        if target.exists():
+        if self.intact(target, ref.sha256):
             return target
         target.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(target) + ".lock"):
-            if target.exists():  # another build fetched it while we waited
+            if self.intact(target, ref.sha256):  # another build fetched it while we waited
                 return target
             with tempfile.NamedTemporaryFile(dir=target.parent, delete=False, prefix=".part-") as part:
                 temporary = Path(part.name)
                 try:
-                    digest = self._download(ref.url, part)
+                    digest = self._download(ref, part)
                 except BaseException:
                     temporary.unlink(missing_ok=True)
                     raise
@@ -153,21 +170,68 @@ class Wheelhouse:
                     f"{ref.filename}: sha256 mismatch, expected {ref.sha256}, got {digest}; refusing it, nothing built"
                 )
             os.replace(temporary, target)
+            self._stamp(target)
         return target
 
-    def _download(self, url: str, sink: tempfile._TemporaryFileWrapper[bytes]) -> str:
+    def _download(self, ref: WheelRef, sink: tempfile._TemporaryFileWrapper[bytes]) -> str:
         digest = hashlib.sha256()
-        if url.startswith("file://"):
+        url = ref.url
+        local = url.startswith("file://")
+        if local:
             source = open(urllib.request.url2pathname(url.removeprefix("file://")), "rb")  # noqa: SIM115
         else:
             source = urllib.request.urlopen(url, timeout=120)
         with source:
+            headers = getattr(source, "headers", None)
+            total = int(headers.get("Content-Length") or 0) if headers is not None else 0
+            if total:
+                self.report(f"downloading {ref.filename} ({total / 1e6:.0f} MB)")
+            received, next_step = 0, 0.25
             while chunk := source.read(1 << 20):
                 digest.update(chunk)
                 sink.write(chunk)
-                if not url.startswith("file://"):
+                received += len(chunk)
+                if not local:
                     self.bytes_downloaded += len(chunk)
+                if total >= BIG_FILE and received / total >= next_step:  # coarse steps, fit for CI logs
+                    self.report(f"downloading {ref.filename}: {received / total:.0%} of {total / 1e6:.0f} MB")
+                    next_step += 0.25
         return digest.hexdigest()
+
+    # ------------------------------------------------------------ verifying the cache
+
+    def _stamp_path(self, path: Path) -> Path:
+        return self.root / "verified" / path.parent.name
+
+    @staticmethod
+    def _signature(path: Path) -> str:
+        info = path.stat()
+        return f"{path.name} {info.st_size} {info.st_ino} {info.st_mtime_ns} {info.st_ctime_ns}"
+
+    def _stamp(self, path: Path) -> None:
+        stamp = self._stamp_path(path)
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(self._signature(path))
+
+    def intact(self, path: Path, sha256: str) -> bool:
+        """True when the cached file exists and has its sha256; a corrupt one is removed.
+
+        A file is read again only when its size, inode or change time differ from the last
+        check's: writing to a file, even with its mtime put back, changes its ctime.
+        """
+        if not path.is_file():
+            return False
+        stamp = self._stamp_path(path)
+        if stamp.exists() and stamp.read_text() == self._signature(path):
+            return True
+        if sha256_of(path) == sha256:
+            self._stamp(path)
+            return True
+        self.report(f"cached {path.name} does not match its sha256; removed, fetching it again")
+        self.corrupt.append(path.name)
+        path.unlink()
+        stamp.unlink(missing_ok=True)
+        return False
 
     # ------------------------------------------------------------ serving
 
@@ -176,6 +240,7 @@ class Wheelhouse:
         page = self.root / lock_page(lock.path) / "index.html"
         page.parent.mkdir(parents=True, exist_ok=True)
         self._publish_lock(lock)
+        self.allow([lock_page(lock.path) + "index.html", *(self.blob_path(r.sha256, r.filename) for r in refs)])
         links = "\n".join(
             f'<a href="../../sha256/{r.sha256[:2]}/{r.sha256}/{html.escape(r.filename)}#sha256={r.sha256}">'
             f"{html.escape(r.filename)}</a><br>"
@@ -190,10 +255,34 @@ class Wheelhouse:
         """Serve build inputs that are not wheels (helper scripts) under their content's name."""
         for path in paths:
             self._place(path, self.root / served_path(path))
+            self.allow([served_path(path)])
 
     def _publish_lock(self, lock: Lockfile) -> None:
         """The lock itself beside its page: RUN steps fetch it from there."""
         self._place(lock.path, self.root / lock_page(lock.path) / lock.path.name)
+        self.allow([lock_page(lock.path) + lock.path.name])
+
+    @staticmethod
+    def blob_path(sha256: str, filename: str) -> str:
+        return f"sha256/{sha256[:2]}/{sha256}/{filename}"
+
+    def allow(self, paths: Iterable[str]) -> None:
+        """Let the server answer for these paths (relative to the root): the files a build asked for."""
+        new = [p for p in paths if p not in self._served]
+        if not new:
+            return
+        self._served.update(new)
+        with FileLock(str(self.root / SERVED_LIST) + ".lock"), (self.root / SERVED_LIST).open("a") as listing:
+            listing.writelines(p + "\n" for p in new)
+
+    def serves(self, path: str) -> bool:
+        """Whether a request path is one a build asked for (also through another process's wheelhouse)."""
+        if path in self._served:
+            return True
+        listing = self.root / SERVED_LIST
+        if listing.exists():
+            self._served.update(listing.read_text().splitlines())
+        return path in self._served
 
     @staticmethod
     def _place(source: Path, target: Path) -> None:
@@ -209,30 +298,55 @@ class Wheelhouse:
     def prepare(self, cell: Cell, grid: Matrix, locks: list[Lockfile]) -> list[Path]:
         """Fetch and verify every file of the cell's locks and publish their pages.
 
-        A lock whose page exists and whose files are all in the cache needs no index at all:
-        the page names each file by its verified hash, so a rebuild works offline.
+        A lock whose page exists and whose files are all in the cache, intact, needs no index
+        at all: the page names each file by its verified hash, so a rebuild works offline.
         """
         files = []
         for lock in locks:
             cached = self.cached_files(lock)
-            if cached is not None:
+            if cached is not None and all(self.intact(path, digest) for path, digest in cached):
                 self._publish_lock(lock)
-                files += cached
+                self.allow([lock_page(lock.path) + "index.html", *(self._relative(p) for p, _ in cached)])
+                files += [path for path, _ in cached]
                 continue
-            refs = self.refs(cell, grid, lock)
+            try:
+                refs = self.refs(cell, grid, lock)
+            except OSError as error:
+                raise self._offline_error(lock, error) from None
+            missing = sum(1 for r in refs if not self.blob(r.sha256, r.filename).is_file())
+            if missing:
+                self.report(f"{lock.path.name}: {missing} of {len(refs)} files to download")
             files += [self.fetch(ref) for ref in refs]
             self.publish_page(lock, refs)
         return files
 
-    def cached_files(self, lock: Lockfile) -> list[Path] | None:
-        """The cached files a lock's existing page names, or None if any is missing."""
+    def _relative(self, path: Path) -> str:
+        return path.relative_to(self.root).as_posix()
+
+    def _offline_error(self, lock: Lockfile, error: OSError) -> UserError:
+        reason = getattr(error, "reason", error)
+        if self.corrupt:
+            return UserError(
+                f"cached {', '.join(self.corrupt)} did not match its sha256 and was removed, and the index cannot be "
+                f"reached to fetch it again ({reason}); reconnect and build again, or put the original file back in "
+                f"{self.root}",
+                lock.path,
+            )
+        return UserError(
+            f"the wheels this lock names are not all in the cache and the index cannot be reached ({reason}); "
+            "reconnect and build again",
+            lock.path,
+        )
+
+    def cached_files(self, lock: Lockfile) -> list[tuple[Path, str]] | None:
+        """The cached files a lock's existing page names, with their hashes; None if any is missing."""
         page = self.root / lock_page(lock.path) / "index.html"
         if not page.exists():
             return None
-        paths = [page.parent / href for href in re.findall(r'href="([^"#]+)', page.read_text())]
-        if len(paths) != len(lock.packages) or not all(p.exists() for p in paths):
+        found = re.findall(r'href="\.\./\.\./(sha256/[0-9a-f]{2}/([0-9a-f]{64})/[^"#/]+)#', page.read_text())
+        if len(found) != len(lock.packages):
             return None
-        return [p.resolve() for p in paths]
+        return [(self.root / relative, digest) for relative, digest in found]
 
 
 def content_key(path: Path) -> str:
@@ -250,9 +364,46 @@ def served_path(path: Path) -> str:
     return f"files/{content_key(path)}/{path.name}"
 
 
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """Serves exactly the files builds asked for: no directory listings, no symbolic links."""
+
+    house: Wheelhouse
+
     def log_message(self, format: str, *args: object) -> None:
         pass
+
+    def do_HEAD(self) -> None:
+        self._answer(body=False)
+
+    def do_GET(self) -> None:
+        self._answer(body=True)
+
+    def _answer(self, body: bool) -> None:
+        relative = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path).lstrip("/")
+        if relative.endswith("/") or not relative:  # pip reads a find-links page by its folder's URL
+            relative += "index.html"
+        relative = posixpath.normpath(relative)  # "locks/k/../../sha256/..." as a client may send it
+        path = self.house.root / relative
+        if not self.house.serves(relative) or os.path.realpath(path) != os.path.abspath(path):
+            self.send_error(404)
+            return
+        try:
+            handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            self.send_error(404)
+            return
+        with os.fdopen(handle, "rb") as source:
+            info = os.fstat(source.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                self.send_error(404)
+                return
+            self.send_response(200)
+            kind = "text/html" if relative.endswith(".html") else "application/octet-stream"
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(info.st_size))
+            self.end_headers()
+            if body:
+                shutil.copyfileobj(source, self.wfile, 1 << 20)
 
 
 def _serving_same_root(host: str, port: int, root: Path) -> bool:
@@ -271,7 +422,7 @@ def serve(house: Wheelhouse, listen: str) -> Iterator[str]:
     the layer cache key). A second build reuses a server already serving the same cache.
     """
     host, port = listen.rsplit(":", 1)
-    handler = functools.partial(_QuietHandler, directory=str(house.root))
+    handler = type("WheelhouseHandler", (_Handler,), {"house": house})
     try:
         server = http.server.ThreadingHTTPServer((host, int(port)), handler)
     except OSError as error:

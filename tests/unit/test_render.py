@@ -19,8 +19,7 @@ DEBIAN = debs.DebianLock(("g++=4:12.2.0-3", "python3=3.11.2-1+b1"), ("htop=3.2.2
 
 
 @pytest.fixture
-def grid(tmp_path: Path, matrix_file: Path, wheels: TorchWheels, monkeypatch: pytest.MonkeyPatch) -> Matrix:
-    monkeypatch.setattr(lock, "IMAGES_DIR", tmp_path / "images")
+def grid(matrix_file: Path, wheels: TorchWheels) -> Matrix:
     grid = load_matrix(matrix_file, wheels)
     for cell in grid.cells:
         directory = lock.cell_dir(cell)
@@ -77,12 +76,9 @@ def test_render_without_a_lock_says_to_lock_first(grid: Matrix) -> None:
     ]
 
 
-def test_trtllm_flavor_renders_its_system_packages_lock_and_cuda_home(
-    tmp_path: Path, matrix_file: Path, wheels: TorchWheels, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_trtllm_flavor_renders_its_system_packages_lock_and_cuda_home(matrix_file: Path, wheels: TorchWheels) -> None:
     from tests.unit.test_trtllm import RELEASES
 
-    monkeypatch.setattr(lock, "IMAGES_DIR", tmp_path / "images")
     wheels.table["pypi"]["2.7.1"] = dataclasses.replace(wheels.table["pypi"]["2.6.0"], version="2.7.1")
     text = matrix_file.read_text().replace('python: "3.11"', 'python: "3.12"')
     matrix_file.write_text(text + 'include:\n  - {torch: "2.7.1", base: bookworm, flavor: trtllm, trtllm: "1.0.0"}\n')

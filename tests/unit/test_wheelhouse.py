@@ -179,6 +179,7 @@ def test_a_lock_whose_files_are_cached_is_prepared_without_any_index(
     matrix_file.write_text(matrix_file.read_text().replace("https://pypi.org/simple", "http://127.0.0.1:9/simple"))
     grid = load_matrix(matrix_file, wheels)
     files = house.prepare(grid.cell("2.9.1-cu12.8-bookworm-runtime"), grid, [locked])
-    assert files == [house.blob(digest, "demo-1.0-py3-none-any.whl").resolve()]
+    assert files == [house.blob(digest, "demo-1.0-py3-none-any.whl")]
     house.blob(digest, "demo-1.0-py3-none-any.whl").unlink()
-    assert house.cached_files(locked) is None
+    with pytest.raises(UserError, match="not all in the cache and the index cannot be reached"):
+        house.prepare(grid.cell("2.9.1-cu12.8-bookworm-runtime"), grid, [locked])

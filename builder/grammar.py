@@ -1,0 +1,72 @@
+"""The grammar of every value that can reach a Dockerfile, in one place.
+
+matrix.yaml, data/flavors.yaml and the lock files arrive through pull requests. Each value
+taken from them is checked against the strict grammar of its kind before it is used, and
+the templates refuse any value with a line break or control character as a last line of
+defence (see render.py). Each pattern comes with what to write instead, for error messages.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Grammar:
+    pattern: str
+    hint: str  # what to write instead, completing "write ..."
+
+    def matches(self, value: str) -> bool:
+        return re.fullmatch(self.pattern, value) is not None
+
+
+VERSION = Grammar(r"[0-9]+(\.[0-9]+)+", 'a version such as "2.15.0"')
+CUDA = Grammar(r"cpu|[0-9]+\.[0-9]+", 'a CUDA version such as "12.8", or "cpu"')
+NAME = Grammar(r"[a-z0-9][a-z0-9._-]{0,62}", "a lower-case name (letters, digits, '.', '_', '-')")
+DIGEST = Grammar(
+    r"[a-z0-9][a-z0-9./:_-]{0,200}@sha256:[0-9a-f]{64}", "an image pinned by digest: name:tag@sha256:<64 hex>"
+)
+# Host names, IPv4 or [IPv6], an optional port, and a path of safe characters: nothing a
+# shell, a Dockerfile or an HTML page gives meaning to.
+URL = Grammar(
+    r"https?://([A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*|\[[0-9A-Fa-f:]+\])(:[0-9]{1,5})?(/[A-Za-z0-9._~%/+-]*)?",
+    "an http:// or https:// URL (host, optional port and path; no spaces, quotes or query)",
+)
+LOOPBACK = Grammar(r"127\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}:[0-9]{1,5}", 'a loopback address such as "127.0.0.1:8741"')
+REGISTRY = Grammar(
+    r"([a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*|\[[0-9a-f:]+\])(:[0-9]{1,5})?",
+    'a registry host with an optional port, such as "ghcr.io" or "127.0.0.1:5000"',
+)
+# OCI distribution spec: repository path components, and tags.
+REPOSITORY = Grammar(
+    r"[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*(/[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*)*",
+    'a repository path such as "torch" or "ml/torch" (lower case, digits, separators . _ - /)',
+)
+TAG = Grammar(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}", "at most 128 of A-Z a-z 0-9 _ . - (not starting with . or -)")
+# A relative folder inside the project: no absolute paths, no `..`.
+RELATIVE_DIR = Grammar(
+    r"(?!\.\.?(/|$))[A-Za-z0-9_][A-Za-z0-9._-]*(/(?!\.\.?(/|$))[A-Za-z0-9_][A-Za-z0-9._-]*)*",
+    'a folder relative to the matrix file, such as "images" (no "..", no leading "/")',
+)
+# Debian policy: package names, and [epoch:]upstream[-revision] versions.
+DEBIAN_PACKAGE = Grammar(r"[a-z0-9][a-z0-9+.-]+", "a Debian package name such as python3-dev")
+DEBIAN_PIN = Grammar(
+    r"[a-z0-9][a-z0-9+.-]+=([0-9]+:)?[0-9][A-Za-z0-9.+~-]*", "package=version, such as libc6-dev=2.36-9+deb12u14"
+)
+# PEP 503 normalized names and PEP 440 public or local versions, as a lock writes them.
+PYTHON_NAME = Grammar(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", "a Python project name (PEP 508)")
+PYTHON_VERSION = Grammar(
+    r"([0-9]+!)?[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?(\+[a-z0-9]+(\.[a-z0-9]+)*)?",
+    "a PEP 440 version such as 2.15.0 or 2.13.0+cpu",
+)
+SHA256 = Grammar(r"[0-9a-f]{64}", "64 lower-case hex digits")
+# Variables a matrix may expand in find_links, as the README names them.
+ENV_VARIABLES = ("TORCH_WHEEL_DIR", "TRTLLM_WHEEL_DIR")
+ENV_REFERENCE = re.compile(r"\$\{(\w+)(?::-([^}$]*))?\}")
+FIND_LINKS = Grammar(
+    r"([A-Za-z0-9_./~+-]|\$\{(" + "|".join(ENV_VARIABLES) + r")(:-[A-Za-z0-9_./~+-]*)?\})+",
+    "a directory path; it may use ${TORCH_WHEEL_DIR} or ${TRTLLM_WHEEL_DIR} (optionally ${VAR:-default}) and "
+    "no other variable",
+)
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
