@@ -53,12 +53,17 @@ def publish(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Unit tests, drift checks, and integration tests against the real engine and registry."""
+    """Unit tests, drift checks, and integration tests against the real engine and registry.
+
+    As root on a fresh machine this installs, with apt, the engine and the tools the tests use
+    (docker.io, mmdebstrap, docker-registry, apache2-utils, openssl) and starts dockerd.
+    `-- --cell CELL` runs the integration tests on another cell (a CUDA one, say).
+    """
     _install(session, "test")
-    _ensure_engine(session)
+    session.run("python", "-m", "builder", "engine", "--install", "--test-tools")
     session.run("python", "-m", "builder", "render", "--check")
     session.run("python", "-m", "builder", "lock", "--check")
-    session.run("pytest", *(session.posargs or ["tests"]), env={"PYTHONUNBUFFERED": "1"})
+    session.run("pytest", "tests", *session.posargs, env={"PYTHONUNBUFFERED": "1"})
 
 
 @nox.session

@@ -409,7 +409,9 @@ def build_parser() -> argparse.ArgumentParser:
     engine_cmd.set_defaults(func=cmd_engine)
 
     compat_cmd = command("compat", "compatibility data derived from the wheels' own metadata", "See refresh.")
-    compat_sub = compat_cmd.add_subparsers(dest="compat_command", required=True, metavar="ACTION")
+    compat_sub = compat_cmd.add_subparsers(
+        dest="compat_command", required=True, metavar="ACTION", help="refresh: re-read the metadata into data/"
+    )
     refresh = compat_sub.add_parser(
         "refresh",
         parents=[common],

@@ -74,7 +74,7 @@ def fingerprint(cell: Cell) -> str:
     table = flavor.load()
     inputs = {
         "base": [cell.base.distro, cell.base.suite, cell.base.mirror, list(cell.base.components)],
-        "common": list(table.common_system),
+        "common": list(table.common_system(cell.python)),
         "flavor": list(table.flavors[cell.flavor].system),
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
@@ -109,9 +109,10 @@ def resolve(engine: docker.DockerClient, cell: Cell, epoch: int, memo: dict[tupl
             memo[key] = _simulate(engine, image, packages)
         return memo[key]
 
-    common = simulated(list(table.common_system))
+    shared = list(table.common_system(cell.python))
+    common = simulated(shared)
     extra = list(table.flavors[cell.flavor].system)
-    together = simulated([*table.common_system, *extra]) if extra else common
+    together = simulated([*shared, *extra]) if extra else common
     return DebianLock(tuple(common), tuple(p for p in together if p not in set(common)))
 
 

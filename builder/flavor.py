@@ -29,9 +29,14 @@ class Flavor:
 
 @dataclass(frozen=True)
 class FlavorTable:
-    common_system: tuple[str, ...]
+    shared_system: tuple[str, ...]
     common_python: tuple[str, ...]
     flavors: dict[str, Flavor]
+    system_by_python: dict[str, tuple[str, ...]]
+
+    def common_system(self, python: str) -> tuple[str, ...]:
+        """The Debian packages every image of this Python gets."""
+        return (*self.shared_system, *self.system_by_python.get(python, ()))
 
 
 def _checked(path: Path, raw: dict[str, Any]) -> dict[str, Any]:
@@ -41,7 +46,8 @@ def _checked(path: Path, raw: dict[str, Any]) -> dict[str, Any]:
     for where, spec in groups:
         if where != "common" and not grammar.NAME.matches(where.removeprefix("flavors.")):
             raise UserError(f"flavor name {where!r} is not {grammar.NAME.hint}", path, where)
-        for package in spec.get("system", []):
+        by_python = spec.get("system_by_python", {}) if where == "common" else {}
+        for package in [*spec.get("system", []), *(p for group in by_python.values() for p in group)]:
             if not isinstance(package, str) or not grammar.DEBIAN_PACKAGE.matches(package):
                 raise UserError(f"{package!r} is not {grammar.DEBIAN_PACKAGE.hint}", path, f"{where}.system")
         for key in ("python", "python_cuda_toolkit", "python_cuda_legacy"):
@@ -71,7 +77,8 @@ def load(path: Path = FLAVORS_FILE) -> FlavorTable:
         )
         for name, spec in raw["flavors"].items()
     }
-    return FlavorTable(tuple(raw["common"]["system"]), tuple(raw["common"]["python"]), flavors)
+    by_python = {str(k): tuple(v) for k, v in raw["common"].get("system_by_python", {}).items()}
+    return FlavorTable(tuple(raw["common"]["system"]), tuple(raw["common"]["python"]), flavors, by_python)
 
 
 def names() -> list[str]:

@@ -33,8 +33,6 @@ from builder.errors import UserError
 from builder.matrix import Matrix
 from builder.registry import Manifest, Registry
 
-RECORDS_DIR = Path(__file__).resolve().parent.parent / "published"
-README = Path(__file__).resolve().parent.parent / "README.md"
 TABLE_START, TABLE_END = "<!-- published-tags:start -->", "<!-- published-tags:end -->"
 Report = Callable[[str], None]
 
@@ -171,9 +169,13 @@ def publish(
     grid: Matrix,
     cells: list[Cell],
     report: Report = print,
-    records_dir: Path = RECORDS_DIR,
-    readme: Path = README,
+    records_dir: Path | None = None,
+    readme: Path | None = None,
 ) -> list[Publication]:
+    """Publish the cells; records go to published/ beside the matrix file, and the table of
+    published tags into the README.md beside it (where that README has the table's markers)."""
+    records_dir = records_dir or grid.path.resolve().parent / "published"
+    readme = readme or grid.path.resolve().parent / "README.md"
     items = gate(engine, grid, cells)
     registry = Registry(grid.spec.registry, *credentials())
     registry.check()
@@ -190,7 +192,7 @@ def publish(
     return items
 
 
-def write_record(grid: Matrix, item: Publication, records_dir: Path = RECORDS_DIR) -> Path:
+def write_record(grid: Matrix, item: Publication, records_dir: Path) -> Path:
     checks = item.report.get("checks", [])
     record = {
         "cell": item.cell.name,
@@ -213,7 +215,9 @@ def write_record(grid: Matrix, item: Publication, records_dir: Path = RECORDS_DI
     return path
 
 
-def update_readme_table(readme: Path = README, records_dir: Path = RECORDS_DIR) -> None:
+def update_readme_table(readme: Path, records_dir: Path) -> None:
+    if not readme.exists() or TABLE_START not in readme.read_text():
+        return
     records = [json.loads(p.read_text()) for p in sorted(records_dir.glob("*.json"))] if records_dir.is_dir() else []
     if not records:
         return

@@ -143,7 +143,7 @@ def context(cell: Cell, grid: Matrix, settle: bool = True) -> dict[str, Any]:
         "base_image": cell.base.image,
         "source_date_epoch": epoch,
         "created": datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "system_packages": table.common_system,
+        "system_packages": table.common_system(cell.python),
         "debian_common": debian.common,
         "debian_flavor": debian.flavor,
         "flavor_system_packages": table.flavors[cell.flavor].system,

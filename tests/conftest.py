@@ -12,6 +12,15 @@ from builder.pypi import WheelFile
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--cell",
+        default=None,
+        help="the cell of ./matrix.yaml the integration tests build and check (default: the CPU cell where "
+        "its torch wheel directory exists, else the flagship); a CUDA cell runs the CUDA checks too",
+    )
+
+
 def wheel(filename: str, requires_python: str = ">=3.9") -> WheelFile:
     return WheelFile(
         filename=filename,

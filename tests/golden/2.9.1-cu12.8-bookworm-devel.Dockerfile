@@ -14,7 +14,7 @@ ARG PYTHONHASHSEED=0
 ENV DEBIAN_FRONTEND=noninteractive \
     LANG=C.UTF-8 \
     SOURCE_DATE_EPOCH=1733097600
-# python3, python3-venv, python3-dev, gcc, g++, libc6-dev, openssl, ca-certificates: a C/C++ toolchain and OpenMP (Inductor, Triton's launcher
+# python3, python3-venv, python3-dev, python3-gdbm, gcc, g++, libc6-dev, openssl, ca-certificates, python3-distutils, python3-lib2to3: a C/C++ toolchain and OpenMP (Inductor, Triton's launcher
 # stubs), Python headers, and the openssl binary Inductor uses to checksum its precompiled
 # header. Every package at the version debian.lock pins, dependencies included.
 RUN mkdir -p /tmp/apt/lists/partial /tmp/apt/cache/archives/partial \

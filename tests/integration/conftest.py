@@ -1,18 +1,22 @@
 """Integration fixtures: a real Docker engine, a real cell built from the shipped matrix.
 
-The cell is torch's CPU build from the local wheel directory where one is configured (this
-project's machines carry torch 2.13.0+cpu for Python 3.11); otherwise the flagship, CUDA
-wheels from PyPI. Images the tests build are removed at the end.
+The cell is `--cell NAME`, or by default torch's CPU build from the local wheel directory where
+one is configured (this project's machines carry torch 2.13.0+cpu for Python 3.11 in
+/opt/wheels); otherwise the flagship, whose CUDA wheels (about 3 GB) come from PyPI.
+
+Everything the session adds to the engine is removed at its end: the images it built, the
+engine's intermediate build steps, bases it bootstrapped, and anything a test left behind.
 """
 
 from __future__ import annotations
 
-import os
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import docker
+import docker.errors
 import pytest
 
 from builder import build, engine, matrix, smoke, wheelhouse
@@ -37,7 +41,9 @@ class BuiltCell:
         return output.decode()
 
 
-def _pick_cell(grid: matrix.Matrix) -> Cell:
+def _pick_cell(grid: matrix.Matrix, wanted: str | None) -> Cell:
+    if wanted:
+        return grid.cell(wanted)
     cpu = next((c for c in grid.cells if c.name == CPU_CELL), None)
     if cpu is not None:
         links = [Path(matrix.expand_env(p)) for p in grid.index(cpu.index).find_links]
@@ -46,25 +52,33 @@ def _pick_cell(grid: matrix.Matrix) -> Cell:
     return grid.flagship
 
 
+def _image_ids(client: docker.DockerClient) -> set[str]:
+    return {image.id for image in client.images.list(all=True)}
+
+
 @pytest.fixture(scope="session")
-def client() -> docker.DockerClient:
+def client() -> Iterator[docker.DockerClient]:
     if not engine.answers():
-        pytest.fail(f"integration tests need a Docker engine at {engine.socket_name()}; .ci/run starts one")
-    return engine.client()
+        pytest.fail(f"integration tests need a Docker engine at {engine.socket_name()}; `nox -s tests` starts one")
+    engine_client = engine.client()
+    before = _image_ids(engine_client)
+    yield engine_client
+    # Newest first: a child image must go before the parent it was built on.
+    added = [i for i in engine_client.images.list(all=True) if i.id not in before]
+    for image in sorted(added, key=lambda i: i.attrs.get("Created", ""), reverse=True):
+        with contextlib.suppress(docker.errors.ImageNotFound, docker.errors.APIError):
+            engine_client.images.remove(image.id, force=True)
 
 
 @pytest.fixture(scope="session")
-def built(client: docker.DockerClient) -> Iterator[BuiltCell]:
-    os.chdir(REPO)
+def built(client: docker.DockerClient, pytestconfig: pytest.Config) -> Iterator[BuiltCell]:
     grid = matrix.load_matrix(REPO / "matrix.yaml")
-    cell = _pick_cell(grid)
+    cell = _pick_cell(grid, pytestconfig.getoption("--cell"))
     reference = build.local_reference(grid, cell)
-    existed = bool(client.images.list(name=reference))
-    result = build.build_cell(client, grid, cell, wheelhouse.Wheelhouse(), print)
+    result = build.build_cell(client, grid, cell, wheelhouse.Wheelhouse(), print, no_cache=True)
     assert result.status == "built", result.detail
+    # Its intermediate steps stay until the session ends: the devel sibling reuses them.
     yield BuiltCell(grid, cell, reference, result.image_id, client)
-    if not existed:
-        build.remove_image(client, reference)
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from builder import build, wheelhouse
+from tests import image_checks
 from tests.integration.conftest import BuiltCell
 
 pytestmark = pytest.mark.integration
@@ -18,13 +19,9 @@ def devel(built: BuiltCell) -> Iterator[str]:
     cell = next((c for c in built.grid.cells if c.name == sibling), None)
     if cell is None:
         pytest.skip(f"the matrix has no devel sibling of {built.cell.name}")
-    reference = build.local_reference(built.grid, cell)
-    existed = bool(built.client.images.list(name=reference))
     result = build.build_cell(built.client, built.grid, cell, wheelhouse.Wheelhouse(), print)
-    assert result.status == "built", result.detail
-    yield result.image_id
-    if not existed:
-        build.remove_image(built.client, reference)
+    assert result.status in ("built", "unchanged"), result.detail
+    yield result.image_id  # the session removes what it built
 
 
 def test_devel_has_the_inspection_tools(built: BuiltCell, devel: str) -> None:
@@ -43,3 +40,11 @@ def test_a_torch_cpp_extension_builds_and_runs_in_devel(built: BuiltCell, devel:
     )
     output = built.client.containers.run(devel, ["python", "-c", program], remove=True, network_mode="none")
     assert output.decode().strip().splitlines()[-1] == "6.0"
+
+
+def test_devel_stores_each_library_once_and_adds_no_second_cuda(built: BuiltCell, devel: str) -> None:
+    # The compiler wheels must add headers and tools, never a second copy of a runtime library.
+    listing = built.client.containers.run(
+        devel, ["sh", "-c", image_checks.library_listing()], remove=True, network_mode="none"
+    ).decode()
+    assert image_checks.duplicated_libraries(listing) == []

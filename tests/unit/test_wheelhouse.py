@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import hashlib
 import http.server
+import os
 import threading
 import urllib.request
 import zipfile
@@ -183,3 +184,52 @@ def test_a_lock_whose_files_are_cached_is_prepared_without_any_index(
     house.blob(digest, "demo-1.0-py3-none-any.whl").unlink()
     with pytest.raises(UserError, match="not all in the cache and the index cannot be reached"):
         house.prepare(grid.cell("2.9.1-cu12.8-bookworm-runtime"), grid, [locked])
+
+
+def _flip_one_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    stat = path.stat()
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # even with its mtime put back
+
+
+def test_a_corrupt_cached_wheel_is_found_before_the_build_and_fetched_again(
+    tmp_path: Path, file_server: tuple[str, Path], matrix_file: Path, wheels: TorchWheels
+) -> None:
+    ref = served_wheel(file_server)
+    house = wheelhouse.Wheelhouse(tmp_path / "house")
+    lock_path = tmp_path / "requirements.lock"
+    lock_path.write_text(f"demo==1.0 --hash=sha256:{ref.sha256}\n")
+    locked = lock.Lockfile.read(lock_path)
+    blob = house.fetch(ref)
+    house.publish_page(locked, [ref])
+    _flip_one_byte(blob)
+    grid = load_matrix(matrix_file, wheels)
+    cell = grid.cell("2.9.1-cu12.8-bookworm-runtime")
+    # Online: the corrupt file is replaced by a good download (the page names the index's URL).
+    house.refs = lambda *_: [ref]  # type: ignore[method-assign]
+    [path] = house.prepare(cell, grid, [locked])
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == ref.sha256
+    assert house.corrupt == ["demo-1.0-py3-none-any.whl"]
+
+
+def test_a_corrupt_cached_wheel_offline_is_one_line_naming_the_file(
+    tmp_path: Path, file_server: tuple[str, Path], matrix_file: Path, wheels: TorchWheels
+) -> None:
+    ref = served_wheel(file_server)
+    house = wheelhouse.Wheelhouse(tmp_path / "house")
+    lock_path = tmp_path / "requirements.lock"
+    lock_path.write_text(f"demo==1.0 --hash=sha256:{ref.sha256}\n")
+    locked = lock.Lockfile.read(lock_path)
+    house.publish_page(locked, [ref])
+    house.fetch(ref)
+    _flip_one_byte(house.blob(ref.sha256, ref.filename))
+    matrix_file.write_text(matrix_file.read_text().replace("https://pypi.org/simple", "http://127.0.0.1:9/simple"))
+    grid = load_matrix(matrix_file, wheels)
+    with pytest.raises(UserError) as caught:
+        house.prepare(grid.cell("2.9.1-cu12.8-bookworm-runtime"), grid, [locked])
+    line = caught.value.line()
+    assert "\n" not in line and line.startswith(f"{lock_path}: cached demo-1.0-py3-none-any.whl did not match")
+    assert "put the original file back" in line
+    assert not house.blob(ref.sha256, ref.filename).exists()  # removed, never served

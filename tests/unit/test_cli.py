@@ -1,0 +1,125 @@
+"""The command line as a newcomer meets it: --matrix anywhere, pipes, help, progress, render's folder."""
+
+from __future__ import annotations
+
+import io
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from builder import cli
+from builder.compat import TorchWheels
+from builder.errors import UserError
+from builder.matrix import load_matrix
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _builder(*argv: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "builder", *argv], capture_output=True, text=True, cwd=cwd, check=False
+    )
+
+
+def test_matrix_is_accepted_before_or_after_the_subcommand(tmp_path: Path) -> None:
+    before = _builder("--matrix", str(REPO / "matrix.yaml"), "plan", "--json", cwd=tmp_path)
+    after = _builder("plan", "--json", "--matrix", str(REPO / "matrix.yaml"), cwd=tmp_path)
+    assert before.returncode == after.returncode == 0 and before.stdout == after.stdout
+    missing = _builder("plan", "--matrix", str(tmp_path / "nope.yaml"), cwd=tmp_path)
+    assert missing.returncode == 2 and "nope.yaml: cannot read" in missing.stderr
+
+
+def test_plan_json_into_a_reader_that_stops_early_ends_without_a_traceback() -> None:
+    result = subprocess.run(
+        f"{sys.executable} -m builder plan --json | head -n 2", shell=True, capture_output=True, text=True, cwd=REPO
+    )
+    assert result.stdout.splitlines() == ["{", ' "cells": [']
+    assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr
+
+
+def test_every_subcommand_and_option_has_help_that_names_its_default_or_needs() -> None:
+    parser = cli.build_parser()
+    subparsers = next(a for a in parser._actions if a.dest == "command").choices  # type: ignore[union-attr]
+    for name, sub in subparsers.items():
+        assert sub.description, name
+        for action in sub._actions:
+            assert action.help, (name, action.dest)
+    build_help = subparsers["build"].format_help()
+    assert "default: the flagship" in build_help and "Needs the engine" in build_help
+    assert "about 6 GB" in subparsers["verify-repro"].format_help()
+    assert "mmdebstrap" in subparsers["engine"].format_help()
+
+
+def test_progress_off_a_terminal_prints_one_line_per_step_with_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    sink = io.StringIO()
+    monkeypatch.setattr(cli, "console", Console(file=sink, force_terminal=False, width=200))
+    with cli.progress("cell: starting") as report:
+        report("cell: Step 1/9 : FROM base")
+        report("cell: Step 2/9 : RUN apt-get")
+    lines = sink.getvalue().splitlines()
+    assert len(lines) == 3
+    assert all(re.match(r"^\[\s*\d+\.\d s\] cell: ", line) for line in lines), lines
+
+
+def test_a_matrix_whose_every_cell_is_rejected_says_why_each_was(matrix_file: Path, wheels: TorchWheels) -> None:
+    matrix_file.write_text(
+        matrix_file.read_text()
+        .replace('glibc: "2.36"', 'glibc: "2.17"')
+        .replace('glibc: "2.31"', 'glibc: "2.17"')
+        .replace('torch: ["2.6.0", "2.9.1"]', 'torch: ["2.9.1"]')
+    )
+    with pytest.raises(UserError) as caught:
+        load_matrix(matrix_file, wheels)
+    line = caught.value.line()
+    assert "the matrix makes no buildable cell" in line
+    assert (
+        "2.9.1-bookworm-runtime: torch 2.9.1's wheel needs glibc 2.28 (manylinux_2_28), base bookworm has 2.17" in line
+    )
+    assert "2.9.1-bullseye-runtime: torch 2.9.1 has no wheel for Python 3.9" in line
+
+
+def test_render_removes_folders_of_cells_the_matrix_no_longer_has(tmp_path: Path) -> None:
+    shutil.copy(REPO / "matrix.yaml", tmp_path / "matrix.yaml")
+    shutil.copytree(REPO / "images", tmp_path / "images")
+    gone = tmp_path / "images" / "2.0.0-cu11.8-buster-runtime"
+    shutil.copytree(tmp_path / "images" / "2.13.0-cpu-bookworm-runtime", gone)
+    kept = tmp_path / "images" / "notes"
+    kept.mkdir()
+    (kept / "README.txt").write_text("mine")
+    check = _builder("--matrix", str(tmp_path / "matrix.yaml"), "render", "--check")
+    assert check.returncode == 1 and f"{gone} belongs to no cell" in check.stdout
+    result = _builder("--matrix", str(tmp_path / "matrix.yaml"), "render")
+    assert result.returncode == 0 and not gone.exists()
+    assert (kept / "README.txt").read_text() == "mine"  # not render's: left alone, still reported
+    assert (
+        f"{kept} belongs to no cell" in _builder("--matrix", str(tmp_path / "matrix.yaml"), "render", "--check").stdout
+    )
+
+
+def test_each_matrix_renders_under_its_own_images_folder() -> None:
+    # examples/trtllm.yaml's cells cannot be locked here (no real TensorRT-LLM wheels): its
+    # check reports its own missing locks, and never matrix.yaml's cells as orphans.
+    result = _builder("--matrix", "examples/trtllm.yaml", "render", "--check")
+    assert "belongs to no cell" not in result.stdout
+    assert "examples/trtllm-images/" in result.stdout
+    assert _builder("render", "--check").returncode == 0
+
+
+def test_paths_do_not_depend_on_the_working_directory(tmp_path: Path) -> None:
+    for command in (["render", "--check"], ["lock", "--check"]):
+        result = _builder("--matrix", str(REPO / "matrix.yaml"), *command, cwd=tmp_path)
+        assert result.returncode == 0, (command, result.stdout[-400:])
+    assert not any(tmp_path.iterdir())  # and nothing written there
+
+
+def test_the_engine_command_lists_what_it_would_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    from builder import engine
+
+    monkeypatch.setattr(engine, "_program_missing", lambda program: program in ("docker-registry", "htpasswd"))
+    assert engine.missing_packages(test_tools=False) == []
+    assert engine.missing_packages(test_tools=True) == ["docker-registry", "apache2-utils"]
