@@ -87,23 +87,32 @@ def context_tar(cell: Cell, epoch: int) -> io.BytesIO:
     return buffer
 
 
-def build_id(cell: Cell, base_image_id: str, backend: str, normalize: bool) -> str:
+def build_id(cell: Cell, base_image_id: str, backend: str) -> str:
     """A content hash of every input of the build. The rendered Dockerfile names each lock and
     helper script by its sha256 (and each lock every wheel by its own), so hashing the context
-    and the base image's ID covers everything the image is made from."""
+    and the base image's ID covers everything the image is made from. (Normalization is not an
+    input: it happens after the build, and a normalized image says so by its creation time.)"""
     digest = hashlib.sha256()
     for name, path in sorted(context_files(cell).items()):
         digest.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
-    digest.update(f"{base_image_id} {backend} normalize={normalize}".encode())
+    digest.update(f"{base_image_id} {backend}".encode())
     return digest.hexdigest()[:32]
 
 
-def _existing_build(engine: docker.DockerClient, reference: str, identity: str) -> docker.models.images.Image | None:
+def _existing_build(
+    engine: docker.DockerClient, reference: str, identity: str, normalized_at: str | None
+) -> docker.models.images.Image | None:
+    """The image tagged `reference` if it was built from exactly these inputs (and normalized,
+    when normalized_at names the fixed creation time a normalized image carries)."""
     try:
         image = engine.images.get(reference)
     except docker.errors.ImageNotFound:
         return None
-    return image if (image.labels or {}).get(BUILD_ID_LABEL) == identity else None
+    if (image.labels or {}).get(BUILD_ID_LABEL) != identity:
+        return None
+    if normalized_at is not None and not str(image.attrs.get("Created", "")).startswith(normalized_at):
+        return None
+    return image
 
 
 def build_cell(
@@ -125,8 +134,9 @@ def build_cell(
     started = time.monotonic()
     preflight(cell, grid)
     base_reference = base.ensure(engine, cell.base, grid.spec.source_date_epoch, report)
-    result.build_id = build_id(cell, engine.images.get(base_reference).id, backend, normalize)
-    existing = None if no_cache else _existing_build(engine, reference, result.build_id)
+    result.build_id = build_id(cell, engine.images.get(base_reference).id, backend)
+    normalized_at = repro.timestamp(grid.spec.source_date_epoch).removesuffix("Z") if normalize else None
+    existing = None if no_cache else _existing_build(engine, reference, result.build_id, normalized_at)
     if existing is not None:
         report(f"{cell.name}: unchanged since its last build (build ID {result.build_id[:12]})")
         result.image_id, result.size_bytes, result.status = existing.id, int(existing.attrs["Size"]), "unchanged"

@@ -39,7 +39,7 @@ def test_buildkit_builds_the_cell_and_its_torch_runs(built: BuiltCell) -> None:
         assert (
             labels[build.BUILD_ID_LABEL]
             == result.build_id
-            != build.build_id(cell, built.client.images.get(cell.base.local_tag).id, "sdk", True)
+            != build.build_id(cell, built.client.images.get(cell.base.local_tag).id, "sdk")
         )
     finally:
         build.remove_image(built.client, reference)
