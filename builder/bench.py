@@ -68,12 +68,8 @@ def bench_plan_render(path: Path) -> Row:
 def classic_docker_cli() -> str | None:
     """A docker CLI that runs the classic builder (Debian's 20.10 does; a newer CLI without buildx may not)."""
     for candidate in ("/usr/bin/docker", shutil.which("docker")):
-        if candidate and Path(candidate).exists():
-            version = subprocess.run(
-                [candidate, "version", "--format", "{{.Client.Version}}"], capture_output=True, text=True, check=False
-            ).stdout.strip()
-            if version and int(version.split(".")[0]) < 23:
-                return candidate
+        if candidate and Path(candidate).exists() and build.legacy_docker_cli(candidate):
+            return candidate
     return None
 
 

@@ -232,6 +232,15 @@ def engine_build(
     return ""
 
 
+def legacy_docker_cli(cli: str) -> bool:
+    """Whether a docker CLI predates 23.0: such a CLI (Debian's 20.10) runs the classic builder by
+    default and BuildKit with DOCKER_BUILDKIT=1; later ones run BuildKit only, through buildx."""
+    version = subprocess.run(
+        [cli, "version", "--format", "{{.Client.Version}}"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    return bool(version) and int(version.split(".")[0]) < 23
+
+
 def buildkit_command() -> tuple[list[str], dict[str, str]] | None:
     """A docker CLI that runs BuildKit builds against this engine, and how to call it.
 
@@ -243,10 +252,7 @@ def buildkit_command() -> tuple[list[str], dict[str, str]] | None:
             continue
         if subprocess.run([cli, "buildx", "version"], capture_output=True, check=False).returncode == 0:
             return [cli, "buildx", "build", "--load"], {}
-        version = subprocess.run(
-            [cli, "version", "--format", "{{.Client.Version}}"], capture_output=True, text=True, check=False
-        ).stdout.strip()
-        if version and int(version.split(".")[0]) < 23:
+        if legacy_docker_cli(cli):
             return [cli, "build"], {"DOCKER_BUILDKIT": "1"}
     return None
 

@@ -21,10 +21,10 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from builder import base, flavor, grammar, lockheader
+from builder import base, flavor, grammar
 from builder.cell import Cell
 from builder.errors import Location, UserError
-from builder.lockheader import read_text, with_header
+from builder.lockheader import read_text, split, with_header
 
 DEBIAN_LOCK = "debian.lock"
 INST = re.compile(r"^Inst (\S+) (?:\[[^\]]*\] )?\((\S+) ")
@@ -45,7 +45,7 @@ class DebianLock:
     def read(cls, path: Path) -> DebianLock:
         """Read and validate the pins: every entry is `package=version` by Debian's grammar."""
         text = read_text(path)
-        header, body = lockheader.split(text)
+        header, body = split(text)
         try:
             data = json.loads(body)
         except json.JSONDecodeError as error:

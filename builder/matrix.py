@@ -169,10 +169,10 @@ class Matrix:
     @property
     def images_dir(self) -> Path:
         """Where this matrix's generated files live: its `images:` folder beside the matrix file."""
-        return images_root(self.path, self.spec)
+        return images_folder(self.path, self.spec)
 
 
-def images_root(path: Path, spec: MatrixSpec) -> Path:
+def images_folder(path: Path, spec: MatrixSpec) -> Path:
     return path.resolve().parent / spec.images
 
 
@@ -482,7 +482,7 @@ def _provisional_name(selector: Selector) -> str:
 def expand(
     spec: MatrixSpec, source: SourceMap, wheels: TorchWheels, trtllm: dict[str, TrtllmRelease]
 ) -> tuple[list[Cell], list[Rejected]]:
-    root = images_root(source.path, spec)
+    root = images_folder(source.path, spec)
     cells: list[Cell] = []
     rejected: list[Rejected] = []
     defaults = spec.defaults.model_dump(exclude_none=True)

@@ -96,8 +96,13 @@ class Wheelhouse:
         self._served: set[str] = {MARKER}
         self.corrupt: list[str] = []  # cached files found corrupt (and removed) in this run
 
+    @staticmethod
+    def blob_path(sha256: str, filename: str) -> str:
+        """Where a file lives under the root (and the server's URL path): named by its hash."""
+        return f"sha256/{sha256[:2]}/{sha256}/{filename}"
+
     def blob(self, sha256: str, filename: str) -> Path:
-        return self.root / "sha256" / sha256[:2] / sha256 / filename
+        return self.root / self.blob_path(sha256, filename)
 
     # ------------------------------------------------------------ finding files
 
@@ -242,7 +247,7 @@ class Wheelhouse:
         self._publish_lock(lock)
         self.allow([lock_page(lock.path) + "index.html", *(self.blob_path(r.sha256, r.filename) for r in refs)])
         links = "\n".join(
-            f'<a href="../../sha256/{r.sha256[:2]}/{r.sha256}/{html.escape(r.filename)}#sha256={r.sha256}">'
+            f'<a href="../../{html.escape(self.blob_path(r.sha256, r.filename))}#sha256={r.sha256}">'
             f"{html.escape(r.filename)}</a><br>"
             for r in refs
         )
@@ -261,10 +266,6 @@ class Wheelhouse:
         """The lock itself beside its page: RUN steps fetch it from there."""
         self._place(lock.path, self.root / lock_page(lock.path) / lock.path.name)
         self.allow([lock_page(lock.path) + lock.path.name])
-
-    @staticmethod
-    def blob_path(sha256: str, filename: str) -> str:
-        return f"sha256/{sha256[:2]}/{sha256}/{filename}"
 
     def allow(self, paths: Iterable[str]) -> None:
         """Let the server answer for these paths (relative to the root): the files a build asked for."""
@@ -304,10 +305,10 @@ class Wheelhouse:
         files = []
         for lock in locks:
             cached = self.cached_files(lock)
-            if cached is not None and all(self.intact(path, digest) for path, digest in cached):
+            if cached is not None and all(self.intact(self.root / path, digest) for path, digest in cached):
                 self._publish_lock(lock)
-                self.allow([lock_page(lock.path) + "index.html", *(self._relative(p) for p, _ in cached)])
-                files += [path for path, _ in cached]
+                self.allow([lock_page(lock.path) + "index.html", *(path for path, _ in cached)])
+                files += [self.root / path for path, _ in cached]
                 continue
             try:
                 refs = self.refs(cell, grid, lock)
@@ -319,9 +320,6 @@ class Wheelhouse:
             files += [self.fetch(ref) for ref in refs]
             self.publish_page(lock, refs)
         return files
-
-    def _relative(self, path: Path) -> str:
-        return path.relative_to(self.root).as_posix()
 
     def _offline_error(self, lock: Lockfile, error: OSError) -> UserError:
         reason = getattr(error, "reason", error)
@@ -338,15 +336,16 @@ class Wheelhouse:
             lock.path,
         )
 
-    def cached_files(self, lock: Lockfile) -> list[tuple[Path, str]] | None:
-        """The cached files a lock's existing page names, with their hashes; None if any is missing."""
+    def cached_files(self, lock: Lockfile) -> list[tuple[str, str]] | None:
+        """The files (paths under the root) a lock's existing page names, with their hashes; None
+        when there is no page, or it does not name one file per locked package."""
         page = self.root / lock_page(lock.path) / "index.html"
         if not page.exists():
             return None
         found = re.findall(r'href="\.\./\.\./(sha256/[0-9a-f]{2}/([0-9a-f]{64})/[^"#/]+)#', page.read_text())
         if len(found) != len(lock.packages):
             return None
-        return [(self.root / relative, digest) for relative, digest in found]
+        return found
 
 
 def content_key(path: Path) -> str:

@@ -194,20 +194,27 @@ def _flip_one_byte(path: Path) -> None:
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # even with its mtime put back
 
 
-def test_a_corrupt_cached_wheel_is_found_before_the_build_and_fetched_again(
-    tmp_path: Path, file_server: tuple[str, Path], matrix_file: Path, wheels: TorchWheels
-) -> None:
+def _cached_then_corrupted(
+    tmp_path: Path, file_server: tuple[str, Path]
+) -> tuple[wheelhouse.Wheelhouse, wheelhouse.WheelRef, lock.Lockfile]:
+    """A wheel fetched and published for a lock, then one byte of the cached file flipped."""
     ref = served_wheel(file_server)
     house = wheelhouse.Wheelhouse(tmp_path / "house")
     lock_path = tmp_path / "requirements.lock"
     lock_path.write_text(f"demo==1.0 --hash=sha256:{ref.sha256}\n")
     locked = lock.Lockfile.read(lock_path)
-    blob = house.fetch(ref)
     house.publish_page(locked, [ref])
-    _flip_one_byte(blob)
+    _flip_one_byte(house.fetch(ref))
+    return house, ref, locked
+
+
+def test_a_corrupt_cached_wheel_is_found_before_the_build_and_fetched_again(
+    tmp_path: Path, file_server: tuple[str, Path], matrix_file: Path, wheels: TorchWheels
+) -> None:
+    house, ref, locked = _cached_then_corrupted(tmp_path, file_server)
     grid = load_matrix(matrix_file, wheels)
     cell = grid.cell("2.9.1-cu12.8-bookworm-runtime")
-    # Online: the corrupt file is replaced by a good download (the page names the index's URL).
+    # Online: the index (stood in for by refs) names the file again, and it is downloaded anew.
     house.refs = lambda *_: [ref]  # type: ignore[method-assign]
     [path] = house.prepare(cell, grid, [locked])
     assert hashlib.sha256(path.read_bytes()).hexdigest() == ref.sha256
@@ -217,14 +224,8 @@ def test_a_corrupt_cached_wheel_is_found_before_the_build_and_fetched_again(
 def test_a_corrupt_cached_wheel_offline_is_one_line_naming_the_file(
     tmp_path: Path, file_server: tuple[str, Path], matrix_file: Path, wheels: TorchWheels
 ) -> None:
-    ref = served_wheel(file_server)
-    house = wheelhouse.Wheelhouse(tmp_path / "house")
-    lock_path = tmp_path / "requirements.lock"
-    lock_path.write_text(f"demo==1.0 --hash=sha256:{ref.sha256}\n")
-    locked = lock.Lockfile.read(lock_path)
-    house.publish_page(locked, [ref])
-    house.fetch(ref)
-    _flip_one_byte(house.blob(ref.sha256, ref.filename))
+    house, ref, locked = _cached_then_corrupted(tmp_path, file_server)
+    lock_path = locked.path
     matrix_file.write_text(matrix_file.read_text().replace("https://pypi.org/simple", "http://127.0.0.1:9/simple"))
     grid = load_matrix(matrix_file, wheels)
     with pytest.raises(UserError) as caught:
