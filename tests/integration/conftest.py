@@ -10,7 +10,6 @@ engine's intermediate build steps, bases it bootstrapped, and anything a test le
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 
 from builder import build, engine, matrix, smoke, wheelhouse
 from builder.cell import Cell
+from tests import engine_state
 
 REPO = Path(__file__).resolve().parents[2]
 CPU_CELL = "2.13.0-cpu-bookworm-runtime"
@@ -52,22 +52,14 @@ def _pick_cell(grid: matrix.Matrix, wanted: str | None) -> Cell:
     return grid.flagship
 
 
-def _image_ids(client: docker.DockerClient) -> set[str]:
-    return {image.id for image in client.images.list(all=True)}
-
-
 @pytest.fixture(scope="session")
 def client() -> Iterator[docker.DockerClient]:
     if not engine.answers():
         pytest.fail(f"integration tests need a Docker engine at {engine.socket_name()}; `nox -s tests` starts one")
     engine_client = engine.client()
-    before = _image_ids(engine_client)
+    before = engine_state.image_ids(engine_client)
     yield engine_client
-    # Newest first: a child image must go before the parent it was built on.
-    added = [i for i in engine_client.images.list(all=True) if i.id not in before]
-    for image in sorted(added, key=lambda i: i.attrs.get("Created", ""), reverse=True):
-        with contextlib.suppress(docker.errors.ImageNotFound, docker.errors.APIError):
-            engine_client.images.remove(image.id, force=True)
+    engine_state.remove_added_images(engine_client, before)
 
 
 @pytest.fixture(scope="session")
