@@ -33,7 +33,9 @@ def _build(client: docker.DockerClient, dockerfile: str, tag: str) -> str:
 def test_clean_up_removes_a_parent_the_engine_refuses_to_remove_first(client: docker.DockerClient) -> None:
     before = engine_state.image_ids(client)
     parent = _build(client, "FROM scratch\nCOPY payload /parent\n", "torch-images-test/parent:cleanup")
-    child = _build(client, "FROM torch-images-test/parent:cleanup\nCOPY payload /child\n", "torch-images-test/child:cleanup")
+    child = _build(
+        client, "FROM torch-images-test/parent:cleanup\nCOPY payload /child\n", "torch-images-test/child:cleanup"
+    )
     with pytest.raises(docker.errors.APIError):
         client.images.remove(parent, force=True)  # the order creation time gave for equal timestamps
 
