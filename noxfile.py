@@ -70,9 +70,9 @@ def tests(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff and mypy."""
     _install(session, "lint")
-    session.run("ruff", "check", "builder", "tests", "noxfile.py")
-    session.run("ruff", "format", "--check", "builder", "tests", "noxfile.py")
-    session.run("mypy", "builder")
+    session.run("ruff", "check", "builder", "image", "benchmarks", "tests", "noxfile.py")
+    session.run("ruff", "format", "--check", "builder", "image", "benchmarks", "tests", "noxfile.py")
+    session.run("mypy", "builder", "benchmarks")
 
 
 @nox.session
@@ -80,7 +80,7 @@ def bench(session: nox.Session) -> None:
     """Benchmarks, ratios side by side in one run (targets in README)."""
     _install(session)
     _ensure_engine(session)
-    session.run("python", "-m", "builder.bench", *session.posargs, env={"PYTHONUNBUFFERED": "1"})
+    session.run("python", "benchmarks/bench.py", *session.posargs, env={"PYTHONUNBUFFERED": "1"})
 
 
 @nox.session

@@ -15,9 +15,16 @@ import docker
 from rich.console import Console
 from rich.table import Table
 
-from builder import build, compat, engine, lock, matrix, publish, render, repro, smoke, wheelhouse
-from builder.cell import Cell
+from builder.build import build, smoke, wheelhouse
+from builder.engine import daemon as engine
 from builder.errors import EXIT_USER_ERROR, UserError
+from builder.facts import compat
+from builder.lock import requirements as lock
+from builder.plan import matrix
+from builder.plan.cell import Cell
+from builder.publish import publish
+from builder.render import render
+from builder.repro import normalize as repro
 
 console = Console(stderr=True)
 

@@ -1,8 +1,8 @@
 """Where the builder finds what it ships and where it keeps what it caches.
 
-Nothing here depends on the working directory. Shipped files (templates/, data/) sit beside
-the package in a checkout or an editable install, and inside it (builder/_templates,
-builder/_data, see pyproject.toml) in an installed wheel. A matrix's own files (images/,
+Nothing here depends on the working directory. Shipped files (templates/, data/, image/) sit
+beside the package in a checkout or an editable install, and inside it (builder/_templates,
+builder/_data, builder/_image, see pyproject.toml) in an installed wheel. A matrix's own files (images/,
 published/) live beside the matrix file; caches under TORCH_IMAGES_CACHE.
 """
 
@@ -21,8 +21,10 @@ def _shipped(folder: str) -> Path:
 
 TEMPLATES = _shipped("templates")
 DATA = _shipped("data")
-SELFTEST = PACKAGE / "selftest.py"  # ships inside every image
-GPU_PEAKS = DATA / "gpu_peaks.json"
+# What ships inside every image: the self-test (torch and the standard library only) and its data.
+IMAGE = _shipped("image")
+SELFTEST = IMAGE / "selftest.py"
+GPU_PEAKS = IMAGE / "gpu_peaks.json"
 
 
 def cache_root() -> Path:

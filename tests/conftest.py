@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from builder.compat import TorchBuild, TorchWheels, build_from_metadata
-from builder.pypi import WheelFile
+from builder.facts.compat import TorchBuild, TorchWheels, build_from_metadata
+from builder.facts.pypi import WheelFile
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -88,8 +88,8 @@ ENV CUDA_HOME=/usr/local/cuda \
 
 # ---- self-test: torch and the standard library only; `docker run IMAGE torch-selftest` ---
 # The last layers: small, so the builder normalizes them after the build in no time.
-COPY builder/selftest.py /opt/torch-images/selftest.py
-COPY data/gpu_peaks.json /opt/torch-images/gpu_peaks.json
+COPY image/selftest.py /opt/torch-images/selftest.py
+COPY image/gpu_peaks.json /opt/torch-images/gpu_peaks.json
 COPY images/2.9.1-cu12.8-bookworm-devel/spec.json /opt/torch-images/spec.json
 RUN ln -s /opt/torch-images/selftest.py /opt/venv/bin/torch-selftest \
  && chmod 0755 /opt/torch-images/selftest.py \

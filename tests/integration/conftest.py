@@ -18,8 +18,10 @@ import docker
 import docker.errors
 import pytest
 
-from builder import build, engine, matrix, smoke, wheelhouse
-from builder.cell import Cell
+from builder.build import build, smoke, wheelhouse
+from builder.engine import daemon as engine
+from builder.plan import matrix
+from builder.plan.cell import Cell
 from tests import engine_state
 
 REPO = Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from builder import build, wheelhouse
+from builder.build import build, wheelhouse
 from tests.integration.conftest import BuiltCell
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from builder import base, lock, smoke
+from builder.build import smoke
+from builder.engine import bases as base
+from builder.lock import requirements as lock
 from tests import image_checks
 from tests.integration.conftest import BuiltCell
 

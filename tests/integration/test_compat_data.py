@@ -6,7 +6,7 @@ import urllib.request
 
 import pytest
 
-from builder import compat, pypi
+from builder.facts import compat, pypi
 
 pytestmark = pytest.mark.network
 

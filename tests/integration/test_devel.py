@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from builder import build, wheelhouse
+from builder.build import build, wheelhouse
 from tests import image_checks
 from tests.integration.conftest import BuiltCell
 

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from builder import publish, smoke
+from builder.build import smoke
 from builder.errors import UserError
-from builder.matrix import Matrix
-from builder.registry import Registry
+from builder.plan.matrix import Matrix
+from builder.publish import publish
+from builder.publish.registry import Registry
 from tests.integration.conftest import BuiltCell
 
 pytestmark = pytest.mark.integration

@@ -6,7 +6,9 @@ import dataclasses
 
 import pytest
 
-from builder import base, build, repro, wheelhouse
+from builder.build import build, wheelhouse
+from builder.engine import bases as base
+from builder.repro import normalize as repro
 from tests.integration.conftest import BuiltCell
 
 pytestmark = pytest.mark.integration

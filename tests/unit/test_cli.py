@@ -13,9 +13,9 @@ import pytest
 from rich.console import Console
 
 from builder import cli
-from builder.compat import TorchWheels
 from builder.errors import UserError
-from builder.matrix import load_matrix
+from builder.facts.compat import TorchWheels
+from builder.plan.matrix import load_matrix
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -118,7 +118,7 @@ def test_paths_do_not_depend_on_the_working_directory(tmp_path: Path) -> None:
 
 
 def test_the_engine_command_lists_what_it_would_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    from builder import engine
+    from builder.engine import daemon as engine
 
     monkeypatch.setattr(engine, "_program_missing", lambda program: program in ("docker-registry", "htpasswd"))
     assert engine.missing_packages(test_tools=False) == []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from builder.compat import TorchWheels, build_from_metadata, cuda_of
+from builder.facts.compat import TorchWheels, build_from_metadata, cuda_of
 from tests.conftest import CU128, wheel
 
 

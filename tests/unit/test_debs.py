@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builder import debs
+from builder.lock import debian as debs
 
 SIMULATION = """Reading package lists...
 Building dependency tree...

@@ -20,8 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from builder import cli, lock, lockheader, registry, render, wheelhouse
-from builder.matrix import load_matrix
+from builder import cli
+from builder.build import wheelhouse
+from builder.lock import header as lockheader
+from builder.lock import requirements as lock
+from builder.plan.matrix import load_matrix
+from builder.publish import registry
+from builder.render import render
 
 REPO = Path(__file__).resolve().parents[2]
 CELL = "2.13.0-cpu-bookworm-runtime"

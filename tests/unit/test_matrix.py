@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from builder.compat import TorchWheels
 from builder.errors import UserError
-from builder.matrix import load_matrix
+from builder.facts.compat import TorchWheels
+from builder.plan.matrix import load_matrix
 
 REPO = Path(__file__).resolve().parents[2]
 

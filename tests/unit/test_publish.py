@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from builder import publish
-from builder.compat import TorchWheels
 from builder.errors import UserError
-from builder.matrix import load_matrix
-from builder.registry import Manifest
+from builder.facts.compat import TorchWheels
+from builder.plan.matrix import load_matrix
+from builder.publish import publish
+from builder.publish.registry import Manifest
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from builder import debs, lock, render
-from builder.compat import TorchWheels
-from builder.matrix import Matrix, load_matrix
+from builder.facts.compat import TorchWheels
+from builder.lock import debian as debs
+from builder.lock import requirements as lock
+from builder.plan.matrix import Matrix, load_matrix
+from builder.render import render
 from tests.unit.test_lock import LOCK_TEXT
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import repro
+from builder.repro import normalize as repro
 
 EPOCH = 1733097600
 

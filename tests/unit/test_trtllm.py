@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from builder import lock
-from builder.compat import TorchWheels, TrtllmRelease, trtllm_from_metadata
 from builder.errors import UserError
-from builder.matrix import load_matrix
+from builder.facts.compat import TorchWheels, TrtllmRelease, trtllm_from_metadata
+from builder.lock import requirements as lock
+from builder.plan.matrix import load_matrix
 from tests.unit.test_wheelhouse import make_wheel
 
 PYTHON_CLASSIFIERS = ["Programming Language :: Python :: 3.10", "Programming Language :: Python :: 3.12"]

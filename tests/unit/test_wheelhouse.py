@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from builder import lock, wheelhouse
-from builder.compat import TorchWheels
+from builder.build import wheelhouse
 from builder.errors import UserError
-from builder.matrix import load_matrix
+from builder.facts.compat import TorchWheels
+from builder.lock import requirements as lock
+from builder.plan.matrix import load_matrix
 
 
 def make_wheel(directory: Path, filename: str, payload: bytes = b"x") -> str:

@@ -21,10 +21,11 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from builder import base, flavor, grammar
-from builder.cell import Cell
+from builder.engine import bases as base
 from builder.errors import Location, UserError
-from builder.lockheader import read_text, split, with_header
+from builder.lock.header import read_text, split, with_header
+from builder.plan.cell import Cell
+from builder.spec import flavor, grammar
 
 DEBIAN_LOCK = "debian.lock"
 INST = re.compile(r"^Inst (\S+) (?:\[[^\]]*\] )?\((\S+) ")

@@ -23,8 +23,8 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from builder.cell import BaseImage
 from builder.errors import UserError
+from builder.plan.cell import BaseImage
 
 Report = Callable[[str], None]
 

@@ -25,10 +25,15 @@ import docker
 import docker.errors
 import docker.models.images
 
-from builder import base, lock, paths, render, repro, wheelhouse
-from builder.cell import Cell
+from builder import paths
+from builder.build import wheelhouse
+from builder.engine import bases as base
 from builder.errors import UserError
-from builder.matrix import Matrix
+from builder.lock import requirements as lock
+from builder.plan.cell import Cell
+from builder.plan.matrix import Matrix
+from builder.render import render
+from builder.repro import normalize as repro
 
 BUILD_ID_LABEL = "io.torch-images.build-id"
 BUILD_CACHE_REPOSITORY = "torch-images/build-cache"
@@ -67,8 +72,8 @@ def context_files(cell: Cell) -> dict[str, Path]:
     return {
         f"images/{cell.name}/Dockerfile": directory / "Dockerfile",
         f"images/{cell.name}/spec.json": directory / "spec.json",
-        "builder/selftest.py": paths.SELFTEST,
-        "data/gpu_peaks.json": paths.GPU_PEAKS,
+        "image/selftest.py": paths.SELFTEST,
+        "image/gpu_peaks.json": paths.GPU_PEAKS,
     }
 
 

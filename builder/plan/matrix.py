@@ -17,13 +17,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from builder import flavor as flavors
-from builder import grammar
-from builder.cell import BaseImage, Cell
-from builder.compat import TorchBuild, TorchWheels, TrtllmRelease, load_trtllm, version_key
 from builder.errors import Location, UserError
-from builder.grammar import Grammar
-from builder.yamlsource import FieldPath, SourceMap, dotted, load
+from builder.facts.compat import TorchBuild, TorchWheels, TrtllmRelease, load_trtllm, version_key
+from builder.plan.cell import BaseImage, Cell
+from builder.spec import flavor as flavors
+from builder.spec import grammar
+from builder.spec.grammar import Grammar
+from builder.spec.yamlsource import FieldPath, SourceMap, dotted, load
 
 DEFAULT_MATRIX = Path("matrix.yaml")
 

@@ -8,10 +8,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from builder import grammar, yamlsource
-from builder.cell import Cell
-from builder.compat import DATA_DIR
 from builder.errors import UserError
+from builder.facts.compat import DATA_DIR
+from builder.plan.cell import Cell
+from builder.spec import grammar, yamlsource
 
 FLAVORS_FILE = DATA_DIR / "flavors.yaml"
 

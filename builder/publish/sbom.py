@@ -16,8 +16,8 @@ from typing import Any
 
 import docker
 
-from builder.cell import Cell
 from builder.errors import UserError
+from builder.plan.cell import Cell
 
 
 def python_components(lock_paths: list[Path]) -> list[dict[str, Any]]:

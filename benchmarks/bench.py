@@ -31,8 +31,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from builder import base, build, engine, lock, matrix, render, smoke, wheelhouse
-from builder.cell import Cell
+from builder.build import build, smoke, wheelhouse
+from builder.engine import bases as base
+from builder.engine import daemon as engine
+from builder.lock import requirements as lock
+from builder.plan import matrix
+from builder.plan.cell import Cell
+from builder.render import render
 
 console = Console(width=170)
 CPU_CELL = "2.13.0-cpu-bookworm-runtime"

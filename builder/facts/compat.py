@@ -17,7 +17,8 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-from builder import paths, pypi
+from builder import paths
+from builder.facts import pypi
 
 DATA_DIR = paths.DATA
 TORCH_WHEELS = DATA_DIR / "torch_wheels.json"

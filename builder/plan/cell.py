@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder.compat import TorchBuild
+from builder.facts.compat import TorchBuild
 
 
 @dataclass(frozen=True)

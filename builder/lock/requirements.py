@@ -30,12 +30,14 @@ from pathlib import Path
 import docker
 from packaging.version import Version
 
-from builder import debs, flavor, grammar, pypi
-from builder.cell import Cell
-from builder.compat import version_key
 from builder.errors import Location, UserError
-from builder.lockheader import read_text, split, with_header
-from builder.matrix import Matrix, expand_env
+from builder.facts import pypi
+from builder.facts.compat import version_key
+from builder.lock import debian as debs
+from builder.lock.header import read_text, split, with_header
+from builder.plan.cell import Cell
+from builder.plan.matrix import Matrix, expand_env
+from builder.spec import flavor, grammar
 
 STACK_LOCK = "requirements.lock"
 FLAVOR_LOCK = "flavor.lock"

@@ -26,12 +26,14 @@ from typing import Any
 import docker
 import docker.errors
 
-from builder import lock, sbom, smoke
-from builder.build import local_reference
-from builder.cell import Cell
+from builder.build import smoke
+from builder.build.build import local_reference
 from builder.errors import UserError
-from builder.matrix import Matrix
-from builder.registry import Manifest, Registry
+from builder.lock import requirements as lock
+from builder.plan.cell import Cell
+from builder.plan.matrix import Matrix
+from builder.publish import sbom
+from builder.publish.registry import Manifest, Registry
 
 TABLE_START, TABLE_END = "<!-- published-tags:start -->", "<!-- published-tags:end -->"
 Report = Callable[[str], None]

@@ -39,11 +39,12 @@ from filelock import FileLock
 from packaging import tags as wheel_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from builder import paths, pypi
-from builder.cell import Cell
+from builder import paths
 from builder.errors import UserError
-from builder.lock import Lockfile
-from builder.matrix import Matrix, expand_env
+from builder.facts import pypi
+from builder.lock.requirements import Lockfile
+from builder.plan.cell import Cell
+from builder.plan.matrix import Matrix, expand_env
 
 MARKER = ".torch-images-wheelhouse"
 SERVED_LIST = "served.list"  # the paths builds asked for, shared with servers of other processes
