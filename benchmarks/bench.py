@@ -38,6 +38,7 @@ from builder.lock import requirements as lock
 from builder.plan import matrix
 from builder.plan.cell import Cell
 from builder.render import render
+from builder.spec import schema
 
 console = Console(width=170)
 CPU_CELL = "2.13.0-cpu-bookworm-runtime"
@@ -222,7 +223,7 @@ def bench_selftest(grid: matrix.Matrix, cell: Cell) -> Row:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m builder.bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--matrix", default=str(matrix.DEFAULT_MATRIX), help="the matrix file (default: ./matrix.yaml)")
+    parser.add_argument("--matrix", default=str(schema.DEFAULT_MATRIX), help="the matrix file (default: ./matrix.yaml)")
     parser.add_argument(
         "--cell",
         default=CPU_CELL,

@@ -25,6 +25,7 @@ from builder.plan.cell import Cell
 from builder.publish import publish
 from builder.render import render
 from builder.repro import normalize as repro
+from builder.spec import env, schema
 
 console = Console(stderr=True)
 
@@ -91,12 +92,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_compat_refresh(args: argparse.Namespace) -> int:
-    spec, _ = matrix.parse(Path(args.matrix))
+    spec, _ = schema.parse(Path(args.matrix))
     versions = set(spec.axes.torch if spec.axes else []) | {s.torch for s in spec.include if s.torch}
     table = compat.TorchWheels.load().table
     unreachable: list[str] = []
     for name, index in spec.indexes.items():
-        links = [Path(matrix.expand_env(p)) for p in index.find_links]
+        links = [Path(env.expand_env(p)) for p in index.find_links]
         builds = compat.read_torch_builds(sorted(versions), index.urls, [p for p in links if p.is_dir()], unreachable)
         table[name] = {**table.get(name, {}), **{b.version: b for b in builds}}  # other matrices share the file
         console.print(f"{name}: {', '.join(b.version + ' (' + b.cuda + ')' for b in builds)}")
@@ -294,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Every command takes --matrix before or after its name.",
     )
     matrix_help = "the matrix file (default: ./matrix.yaml); its images: folder is beside it"
-    parser.add_argument("--matrix", default=str(matrix.DEFAULT_MATRIX), help=matrix_help)
+    parser.add_argument("--matrix", default=str(schema.DEFAULT_MATRIX), help=matrix_help)
     # The same option after the subcommand; SUPPRESS keeps the value given before it.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--matrix", default=argparse.SUPPRESS, help=matrix_help)

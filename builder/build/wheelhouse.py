@@ -44,7 +44,8 @@ from builder.errors import UserError
 from builder.facts import pypi
 from builder.lock.requirements import Lockfile
 from builder.plan.cell import Cell
-from builder.plan.matrix import Matrix, expand_env
+from builder.plan.matrix import Matrix
+from builder.spec.env import expand_env
 
 MARKER = ".torch-images-wheelhouse"
 SERVED_LIST = "served.list"  # the paths builds asked for, shared with servers of other processes

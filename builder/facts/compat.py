@@ -20,9 +20,8 @@ from packaging.requirements import Requirement
 from builder import paths
 from builder.facts import pypi
 
-DATA_DIR = paths.DATA
-TORCH_WHEELS = DATA_DIR / "torch_wheels.json"
-TRTLLM = DATA_DIR / "trtllm.json"
+TORCH_WHEELS = paths.DATA / "torch_wheels.json"
+TRTLLM = paths.DATA / "trtllm.json"
 CPYTHON_TAG = re.compile(r"^cp(\d)(\d+)$")
 
 

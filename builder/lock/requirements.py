@@ -36,8 +36,9 @@ from builder.facts.compat import version_key
 from builder.lock import debian as debs
 from builder.lock.header import read_text, split, with_header
 from builder.plan.cell import Cell
-from builder.plan.matrix import Matrix, expand_env
+from builder.plan.matrix import Matrix
 from builder.spec import flavor, grammar
+from builder.spec.env import expand_env
 
 STACK_LOCK = "requirements.lock"
 FLAVOR_LOCK = "flavor.lock"
@@ -128,6 +129,34 @@ def parse_requirements(text: str) -> dict[str, LockedPackage]:
     return parse_lock(text, Path("<requirements>"), require_hashes=False)
 
 
+def stack_requirements(cell: Cell) -> list[str]:
+    """The torch stack every flavor of this torch build shares: torch at its exact build, plus common."""
+    return [f"torch=={cell.torch.version}", *flavor.load().common_python]
+
+
+def stack_overrides(cell: Cell) -> list[str]:
+    """Pins that replace torch's own: a cuDNN raised above torch's exact pin (never lowered)."""
+    if not cell.cudnn_overridden:
+        return []
+    package = next(name for name in cell.torch.pins if name.startswith("nvidia-cudnn"))
+    return [f"{package}=={cell.cudnn}"]
+
+
+def flavor_requirements(cell: Cell) -> list[str]:
+    """What the cell's flavor adds to the stack, with the torch wheel's own pins filled in."""
+    spec = flavor.load().flavors[cell.flavor]
+    values = {
+        "cuda": cell.cuda,
+        "cuda_major": cell.torch.cuda_major or "",
+        "cuda_toolkit": cell.torch.cuda_toolkit or "",
+        "trtllm": cell.trtllm or "",
+    }
+    templates = list(spec.python)
+    if cell.is_cuda:
+        templates += spec.python_cuda_toolkit if cell.torch.cuda_toolkit else spec.python_cuda_legacy
+    return [template.format(**values) for template in templates]
+
+
 def cell_dir(cell: Cell) -> Path:
     return cell.directory
 
@@ -162,13 +191,13 @@ def _fingerprint(inputs: dict[str, object]) -> str:
 
 
 def stack_fingerprint(cell: Cell, grid: Matrix) -> str:
-    return _fingerprint(_inputs(cell, grid, flavor.stack_requirements(cell), flavor.stack_overrides(cell), ""))
+    return _fingerprint(_inputs(cell, grid, stack_requirements(cell), stack_overrides(cell), ""))
 
 
 def flavor_fingerprint(cell: Cell, grid: Matrix, stack_text: str) -> str:
     """The flavor is resolved against the stack lock: its body is one of the flavor's inputs."""
     constraints = hashlib.sha256(stack_text.partition("\n")[2].encode()).hexdigest()
-    return _fingerprint(_inputs(cell, grid, flavor.flavor_requirements(cell), [], constraints))
+    return _fingerprint(_inputs(cell, grid, flavor_requirements(cell), [], constraints))
 
 
 def _uv() -> str:
@@ -255,12 +284,12 @@ def lock_cell(cell: Cell, grid: Matrix) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     stack_text = with_header(
         stack_fingerprint(cell, grid),
-        _compile(cell, grid, flavor.stack_requirements(cell), flavor.stack_overrides(cell), None),
+        _compile(cell, grid, stack_requirements(cell), stack_overrides(cell), None),
     )
     stack = Lockfile(directory / STACK_LOCK, None, parse_lock(stack_text, directory / STACK_LOCK))
     verify_stack(cell, stack)
     written = [_write(directory / STACK_LOCK, stack_text)]
-    extras = flavor.flavor_requirements(cell)
+    extras = flavor_requirements(cell)
     flavor_path = directory / FLAVOR_LOCK
     if extras:
         body = _compile(cell, grid, extras, [], stack_text)
@@ -392,7 +421,7 @@ def check_cell(cell: Cell, grid: Matrix) -> list[str]:
     unedited(stack_path, stack.content_matches)
     verify_stack(cell, stack)
     flavor_path = directory / FLAVOR_LOCK
-    if flavor.flavor_requirements(cell):
+    if flavor_requirements(cell):
         if not flavor_path.exists():
             return [*problems, f"{flavor_path} is missing; {rerun}"]
         extras = Lockfile.read(flavor_path)

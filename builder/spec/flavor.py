@@ -8,12 +8,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from builder import paths
 from builder.errors import UserError
-from builder.facts.compat import DATA_DIR
-from builder.plan.cell import Cell
 from builder.spec import grammar, yamlsource
 
-FLAVORS_FILE = DATA_DIR / "flavors.yaml"
+FLAVORS_FILE = paths.DATA / "flavors.yaml"
 
 
 @dataclass(frozen=True)
@@ -83,31 +82,3 @@ def load(path: Path = FLAVORS_FILE) -> FlavorTable:
 
 def names() -> list[str]:
     return list(load().flavors)
-
-
-def stack_requirements(cell: Cell) -> list[str]:
-    """The torch stack every flavor of this torch build shares: torch at its exact build, plus common."""
-    return [f"torch=={cell.torch.version}", *load().common_python]
-
-
-def stack_overrides(cell: Cell) -> list[str]:
-    """Pins that replace torch's own: a cuDNN raised above torch's exact pin (never lowered)."""
-    if not cell.cudnn_overridden:
-        return []
-    package = next(name for name in cell.torch.pins if name.startswith("nvidia-cudnn"))
-    return [f"{package}=={cell.cudnn}"]
-
-
-def flavor_requirements(cell: Cell) -> list[str]:
-    """What the cell's flavor adds to the stack, with the torch wheel's own pins filled in."""
-    flavor = load().flavors[cell.flavor]
-    values = {
-        "cuda": cell.cuda,
-        "cuda_major": cell.torch.cuda_major or "",
-        "cuda_toolkit": cell.torch.cuda_toolkit or "",
-        "trtllm": cell.trtllm or "",
-    }
-    templates = list(flavor.python)
-    if cell.is_cuda:
-        templates += flavor.python_cuda_toolkit if cell.torch.cuda_toolkit else flavor.python_cuda_legacy
-    return [template.format(**values) for template in templates]

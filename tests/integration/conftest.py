@@ -22,6 +22,7 @@ from builder.build import build, smoke, wheelhouse
 from builder.engine import daemon as engine
 from builder.plan import matrix
 from builder.plan.cell import Cell
+from builder.spec import env
 from tests import engine_state
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,7 +49,7 @@ def _pick_cell(grid: matrix.Matrix, wanted: str | None) -> Cell:
         return grid.cell(wanted)
     cpu = next((c for c in grid.cells if c.name == CPU_CELL), None)
     if cpu is not None:
-        links = [Path(matrix.expand_env(p)) for p in grid.index(cpu.index).find_links]
+        links = [Path(env.expand_env(p)) for p in grid.index(cpu.index).find_links]
         if all(p.is_dir() and list(p.glob("torch-*.whl")) for p in links):
             return cpu
     return grid.flagship

@@ -1,0 +1,242 @@
+"""matrix.yaml's schema: typed fields, each value against its grammar, and file:line errors.
+
+What the file says, checked; what can be built from it is the plan's job (builder/plan/).
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from builder.errors import Location, UserError
+from builder.spec import flavor as flavors
+from builder.spec import grammar
+from builder.spec.grammar import Grammar
+from builder.spec.yamlsource import FieldPath, SourceMap, dotted, load
+
+DEFAULT_MATRIX = Path("matrix.yaml")
+
+
+def _field(grammar: Grammar) -> Any:
+    return Field(pattern=f"^(?:{grammar.pattern})$")
+
+
+# Pattern (as pydantic reports it) -> what to write instead, for error messages.
+HINTS = {
+    f"^(?:{g.pattern})$": g.hint
+    for g in (
+        grammar.VERSION, grammar.CUDA, grammar.NAME, grammar.DIGEST, grammar.URL, grammar.LOOPBACK,
+        grammar.REGISTRY, grammar.REPOSITORY, grammar.RELATIVE_DIR, grammar.FIND_LINKS,
+    )
+}  # fmt: skip
+Version = Annotated[str, _field(grammar.VERSION)]
+Cuda = Annotated[str, _field(grammar.CUDA)]
+Name = Annotated[str, _field(grammar.NAME)]
+Digest = Annotated[str, _field(grammar.DIGEST)]
+HttpUrl = Annotated[str, _field(grammar.URL)]
+Loopback = Annotated[str, _field(grammar.LOOPBACK)]
+RegistryHost = Annotated[str, _field(grammar.REGISTRY)]
+Repository = Annotated[str, _field(grammar.REPOSITORY)]
+RelativeDir = Annotated[str, _field(grammar.RELATIVE_DIR)]
+FindLinks = Annotated[str, _field(grammar.FIND_LINKS)]
+
+
+class Strict(BaseModel):
+    # Python's re: the grammars use lookaheads, which pydantic's default (Rust) engine lacks.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, regex_engine="python-re")
+
+
+class BootstrapSpec(Strict):
+    tool: Literal["mmdebstrap", "debootstrap"] = "mmdebstrap"
+    mirror: HttpUrl
+    variant: Literal["minbase"] = "minbase"
+    components: list[Name] = ["main"]
+
+
+class BaseSpec(Strict):
+    distro: Literal["debian", "ubuntu"]
+    suite: Name
+    glibc: Version
+    python: Version
+    image: Digest
+    bootstrap: BootstrapSpec
+
+
+class IndexSpec(Strict):
+    url: HttpUrl | None = None
+    extra_urls: list[HttpUrl] = []  # searched after url, for packages url does not have
+    find_links: list[FindLinks] = []
+
+    @property
+    def urls(self) -> list[str]:
+        return [*([self.url] if self.url else []), *self.extra_urls]
+
+
+class Selector(Strict):
+    torch: Version | None = None
+    cuda: Cuda | None = None
+    cudnn: Version | None = None
+    python: Version | None = None
+    base: Name | None = None
+    flavor: Name | None = None
+    index: Name | None = None
+    trtllm: Version | None = None
+
+
+class Axes(Strict):
+    torch: Annotated[list[Version], Field(min_length=1)]
+    cuda: list[Cuda] | None = None
+    cudnn: list[Version] | None = None
+    python: list[Version] | None = None
+    base: Annotated[list[Name], Field(min_length=1)]
+    flavor: Annotated[list[Name], Field(min_length=1)]
+
+
+class AliasSpec(Strict):
+    template: str
+    where: Selector = Selector()
+
+
+class WheelhouseSpec(Strict):
+    listen: Loopback = "127.0.0.1:8741"
+
+
+class MatrixSpec(Strict):
+    registry: RegistryHost
+    repository: Repository
+    images: RelativeDir = "images"  # where render writes, relative to the matrix file
+    tag: str
+    aliases: list[AliasSpec] = []
+    flagship: Selector
+    source_date_epoch: Annotated[int, Field(ge=0, lt=2**32)]
+    wheelhouse: WheelhouseSpec = WheelhouseSpec()
+    bases: dict[Name, BaseSpec]
+    indexes: dict[Name, IndexSpec]
+    defaults: Selector = Selector()
+    axes: Axes | None = None
+    include: list[Selector] = []
+    exclude: list[Selector] = []
+
+
+def images_folder(path: Path, spec: MatrixSpec) -> Path:
+    return path.resolve().parent / spec.images
+
+
+# ---------------------------------------------------------------- schema errors
+
+
+def _schema_error(error: dict[str, Any], source: SourceMap) -> UserError:
+    where: FieldPath = tuple(error["loc"])
+    kind, field_name = error["type"], dotted(where)
+    raw = source.raw.get(where)
+    if kind == "extra_forbidden":
+        return UserError(
+            f"unknown key '{where[-1]}'; remove it or check its spelling", source.location(where), field_name
+        )
+    if kind == "missing":
+        return UserError("is required and missing; add it", source.location(where[:-1]), field_name)
+    if kind in ("string_type", "string_pattern_mismatch") and raw is not None:
+        value = error.get("input")
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return UserError(
+                f'{raw} is a number, not a version string; quote it: "{raw}"',
+                source.location(where),
+                field_name,
+            )
+    if kind == "string_pattern_mismatch":
+        pattern = error.get("ctx", {}).get("pattern", "")
+        expected = HINTS.get(pattern, f"text matching {pattern}")
+        return UserError(
+            f"{raw or error.get('input')!r} is not valid; write {expected}",
+            source.location(where),
+            field_name,
+        )
+    return UserError(f"{error['msg'].lower()} (got {raw or error.get('input')!r})", source.location(where), field_name)
+
+
+def parse(path: Path) -> tuple[MatrixSpec, SourceMap]:
+    data, source = load(path)
+    if not isinstance(data, dict):
+        raise UserError("the top level must be a mapping of keys (registry, bases, axes, ...)", Location(path, 1))
+    try:
+        spec = MatrixSpec.model_validate(data)
+    except ValidationError as error:
+        raise _schema_error(error.errors()[0], source) from None  # type: ignore[arg-type]
+    _check_references(spec, source)
+    return spec, source
+
+
+def _check_references(spec: MatrixSpec, source: SourceMap) -> None:
+    """Names used in axes, includes and defaults must be defined elsewhere in the file."""
+    known_flavors = flavors.names()
+
+    def check(where: FieldPath, kind: str, value: str | None, known: list[str]) -> None:
+        if value is not None and value not in known:
+            raise UserError(
+                f"unknown {kind} '{value}'; use one of: {', '.join(known)}",
+                source.location(where),
+                dotted(where),
+            )
+
+    groups: list[tuple[FieldPath, Selector]] = [
+        (("defaults",), spec.defaults),
+        (("flagship",), spec.flagship),
+    ]
+    groups += [(("include", i), s) for i, s in enumerate(spec.include)]
+    groups += [(("exclude", i), s) for i, s in enumerate(spec.exclude)]
+    groups += [(("aliases", i, "where"), a.where) for i, a in enumerate(spec.aliases)]
+    for where, selector in groups:
+        check((*where, "base"), "base", selector.base, list(spec.bases))
+        check((*where, "flavor"), "flavor", selector.flavor, known_flavors)
+        check((*where, "index"), "index", selector.index, list(spec.indexes))
+    if spec.axes:
+        for i, base in enumerate(spec.axes.base):
+            check(("axes", "base", i), "base", base, list(spec.bases))
+        for i, name in enumerate(spec.axes.flavor):
+            check(("axes", "flavor", i), "flavor", name, known_flavors)
+    for i, entry in enumerate(spec.include):
+        for required in ("torch", "base", "flavor"):
+            if getattr(entry, required) is None:
+                raise UserError(
+                    f"an include names a whole cell; add {required}: ...",
+                    source.location(("include", i)),
+                    f"include[{i}]",
+                )
+    _check_template(("tag",), spec.tag, source)
+    for i, alias in enumerate(spec.aliases):
+        _check_template(("aliases", i, "template"), alias.template, source)
+
+
+def _check_template(where: FieldPath, template: str, source: SourceMap) -> None:
+    """A tag template is literal tag characters and named fields, nothing else."""
+
+    def fail(message: str) -> UserError:
+        return UserError(message, source.location(where), dotted(where))
+
+    fields = ", ".join("{" + f + "}" for f in TEMPLATE_FIELDS)
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as error:
+        raise fail(f"malformed template ({error}); write fields as {{torch}}, braces only around a field") from None
+    for literal, field_name, format_spec, conversion in parts:
+        bad = next((c for c in literal if not re.fullmatch(r"[A-Za-z0-9._-]", c)), None)
+        if bad is not None:
+            raise fail(f"{bad!r} cannot be part of a tag; use letters, digits, '.', '_', '-' and fields ({fields})")
+        if field_name is None:
+            continue
+        if field_name == "" or field_name.isdigit():
+            raise fail(f"a field needs a name, such as {{torch}}; use: {fields}")
+        if field_name not in TEMPLATE_FIELDS:
+            raise fail(f"unknown field {{{field_name}}}; use: {fields}")
+        if format_spec or conversion:
+            raise fail(f"{{{field_name}}} takes no format spec or conversion; write {{{field_name}}} alone")
+
+
+TEMPLATE_FIELDS = (
+    "torch", "torch_minor", "cuda", "cuda_tag", "cudnn", "cudnn_tag", "accel",
+    "python", "glibc", "base", "flavor", "trtllm",
+)  # fmt: skip
