@@ -31,13 +31,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from builder.build import build, smoke, wheelhouse
+from builder.build import build, smoke, wheelchoice, wheelhouse, wheelserver
 from builder.engine import bases as base
 from builder.engine import daemon as engine
 from builder.lock import requirements as lock
 from builder.plan import matrix
 from builder.plan.cell import Cell
-from builder.render import render
+from builder.render import render, served
 from builder.spec import schema
 
 console = Console(width=170)
@@ -105,7 +105,7 @@ def bench_noop_rebuild(grid: matrix.Matrix, cell: Cell, results: list[build.Buil
         subprocess.run(command, input=context, env=env, check=True, capture_output=True)
 
     try:
-        with wheelhouse.serve(house, grid.spec.wheelhouse.listen):
+        with wheelserver.serve(house, grid.spec.wheelhouse.listen):
             docker_build()  # warm: the first run may build the steps the builder's run left out
             docker_s = min(_seconds(docker_build) for _ in range(3))
     finally:
@@ -140,7 +140,7 @@ def bench_downloads(grid: matrix.Matrix, cells: list[Cell]) -> Row:
         for cell in cells:
             locks = lock.read_locks(cell)
             for locked in locks:
-                for ref in house.refs(cell, grid, locked):
+                for ref in wheelchoice.choose(cell, grid, locked):
                     if not ref.url.startswith("file://") and ref.size is not None:
                         sizes[ref.sha256] = ref.size
             house.prepare(cell, grid, locks)
@@ -170,10 +170,10 @@ def _cold_build(grid: matrix.Matrix, cell: Cell, reference: str, settle: bool) -
         for path, text in render.rendered(cell, grid, settle=settle).items():
             (variant.directory / path.name).write_text(text)
         house.prepare(cell, grid, lock.read_locks(cell))
-        house.publish_files(render.SUPPORT_FILES)
+        house.publish_files(served.SUPPORT_FILES)
         base_ref = base.ensure(client, cell.base, epoch, lambda _: None)
         started = time.perf_counter()
-        with wheelhouse.serve(house, grid.spec.wheelhouse.listen):
+        with wheelserver.serve(house, grid.spec.wheelhouse.listen):
             error = build.engine_build(client, variant, reference, base_ref, lambda _: None, True, epoch, {})
         seconds = time.perf_counter() - started
     if error:

@@ -15,17 +15,16 @@ import docker
 from rich.console import Console
 from rich.table import Table
 
-from builder.build import build, smoke, wheelhouse
+from builder.build import build, smoke, twice, wheelhouse
 from builder.engine import daemon as engine
 from builder.errors import EXIT_USER_ERROR, UserError
-from builder.facts import compat
+from builder.facts import refresh
 from builder.lock import requirements as lock
 from builder.plan import matrix
 from builder.plan.cell import Cell
 from builder.publish import publish
 from builder.render import render
-from builder.repro import normalize as repro
-from builder.spec import env, schema
+from builder.spec import schema
 
 console = Console(stderr=True)
 
@@ -93,31 +92,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_compat_refresh(args: argparse.Namespace) -> int:
     spec, _ = schema.parse(Path(args.matrix))
-    versions = set(spec.axes.torch if spec.axes else []) | {s.torch for s in spec.include if s.torch}
-    table = compat.TorchWheels.load().table
-    unreachable: list[str] = []
-    for name, index in spec.indexes.items():
-        links = [Path(env.expand_env(p)) for p in index.find_links]
-        builds = compat.read_torch_builds(sorted(versions), index.urls, [p for p in links if p.is_dir()], unreachable)
-        table[name] = {**table.get(name, {}), **{b.version: b for b in builds}}  # other matrices share the file
-        console.print(f"{name}: {', '.join(b.version + ' (' + b.cuda + ')' for b in builds)}")
-    compat.TorchWheels(table).save()
-    console.print(f"wrote {compat.TORCH_WHEELS}")
-    releases = compat.load_trtllm()
-    wanted = {s.trtllm for s in spec.include if s.trtllm} - set(releases)
-    urls = [url for index in spec.indexes.values() for url in index.urls]
-    for version in sorted(wanted):
-        for url in urls:
-            try:
-                releases[version] = compat.read_trtllm_release(version, url)
-                console.print(f"tensorrt-llm {version}: torch {releases[version].torch}, from {url}")
-                break
-            except OSError as error:
-                unreachable.append(f"{url} for tensorrt-llm {version} ({getattr(error, 'reason', error)})")
-    if releases:
-        compat.save_trtllm(releases)
-    for line in sorted(set(unreachable)):
-        console.print(f"not read: {line}")
+    refresh.refresh(spec, lambda text: console.print(text, highlight=False))
     return 0
 
 
@@ -263,22 +238,14 @@ def cmd_verify_repro(args: argparse.Namespace) -> int:
     house = wheelhouse.Wheelhouse()
     failed = 0
     for cell in _cells(args, grid):
-        ids = []
-        for attempt in (1, 2):
-            with progress(f"{cell.name}: build {attempt} of 2, without cache") as report:
-                result = build.build_cell(client, grid, cell, house, report, no_cache=True)
-            build.discard_intermediates(client, [result])
-            if result.status != "built":
-                raise UserError(f"{cell.name}: build {attempt} failed: {result.detail}")
-            ids.append(result.image_id)
-        verdict = repro.compare(client, cell.name, ids[0], ids[1])
+        verdict = twice.build_twice(client, grid, cell, house, progress)
         table = Table(title=f"{cell.name}: {'reproducible' if verdict.reproducible else 'NOT reproducible'}")
         for column in ("layer", "build 1", "build 2", "same"):
             table.add_column(column)
         for index, (first, second) in enumerate(verdict.layers):
             table.add_row(str(index), first[7:19], second[7:19], "yes" if first == second else "NO")
         Console(width=200).print(table)
-        console.print(f"image ID: {ids[0][7:19]} and {ids[1][7:19]}")
+        console.print(f"image ID: {verdict.first_id[7:19]} and {verdict.second_id[7:19]}")
         for index, paths in verdict.differences.items():
             console.print(f"layer {index} differs in: {', '.join(paths)}")
         failed += not verdict.reproducible

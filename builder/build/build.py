@@ -25,14 +25,14 @@ import docker
 import docker.errors
 import docker.models.images
 
-from builder import paths
-from builder.build import wheelhouse
+from builder import paths, times
+from builder.build import wheelhouse, wheelserver
 from builder.engine import bases as base
 from builder.errors import UserError
 from builder.lock import requirements as lock
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
-from builder.render import render
+from builder.render import render, served
 from builder.repro import normalize as repro
 
 BUILD_ID_LABEL = "io.torch-images.build-id"
@@ -140,7 +140,7 @@ def build_cell(
     preflight(cell, grid)
     base_reference = base.ensure(engine, cell.base, grid.spec.source_date_epoch, report)
     result.build_id = build_id(cell, engine.images.get(base_reference).id, backend)
-    normalized_at = repro.timestamp(grid.spec.source_date_epoch).removesuffix("Z") if normalize else None
+    normalized_at = times.iso_utc(grid.spec.source_date_epoch).removesuffix("Z") if normalize else None
     existing = None if no_cache else _existing_build(engine, reference, result.build_id, normalized_at)
     if existing is not None:
         report(f"{cell.name}: unchanged since its last build (build ID {result.build_id[:12]})")
@@ -150,10 +150,10 @@ def build_cell(
     report(f"{cell.name}: fetching and verifying wheels")
     house.report = report
     house.prepare(cell, grid, lock.read_locks(cell))
-    house.publish_files(render.SUPPORT_FILES)
+    house.publish_files(served.SUPPORT_FILES)
     labels = {BUILD_ID_LABEL: result.build_id}
     epoch = grid.spec.source_date_epoch
-    with wheelhouse.serve(house, grid.spec.wheelhouse.listen):
+    with wheelserver.serve(house, grid.spec.wheelhouse.listen):
         if backend == "buildkit":
             error = _buildkit_build(cell, reference, base_reference, report, no_cache, epoch, labels)
         else:

@@ -16,36 +16,27 @@ links, nothing else under the cache).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import html
-import http.server
 import os
-import posixpath
 import re
-import shutil
-import stat
 import tempfile
-import threading
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from filelock import FileLock
-from packaging import tags as wheel_tags
-from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from builder import paths
+from builder import digests, paths
+from builder.build import wheelchoice
+from builder.build.wheelchoice import WheelRef
 from builder.errors import UserError
-from builder.facts import pypi
 from builder.lock.requirements import Lockfile
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
-from builder.spec.env import expand_env
+from builder.render import served
 
 MARKER = ".torch-images-wheelhouse"
 SERVED_LIST = "served.list"  # the paths builds asked for, shared with servers of other processes
@@ -55,37 +46,6 @@ Report = Callable[[str], None]
 
 def default_root() -> Path:
     return paths.cache_root() / "wheelhouse"
-
-
-@dataclass(frozen=True)
-class WheelRef:
-    """One file a lock names, and where to get it."""
-
-    project: str
-    filename: str
-    url: str
-    sha256: str
-    size: int | None = None  # as the index lists it
-
-
-def target_tags(cell: Cell) -> list[wheel_tags.Tag]:
-    """The wheel tags pip inside the cell's image accepts, most preferred first."""
-    major, minor = (int(p) for p in cell.python.split(".")[:2])
-    glibc_minor = int(cell.base.glibc.split(".")[1])
-    platforms = [f"manylinux_2_{n}_x86_64" for n in range(glibc_minor, 4, -1)]
-    platforms += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
-    return [
-        *wheel_tags.cpython_tags((major, minor), platforms=platforms),
-        *wheel_tags.compatible_tags((major, minor), platforms=platforms),
-    ]
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class Wheelhouse:
@@ -105,53 +65,6 @@ class Wheelhouse:
 
     def blob(self, sha256: str, filename: str) -> Path:
         return self.root / self.blob_path(sha256, filename)
-
-    # ------------------------------------------------------------ finding files
-
-    @functools.cache  # noqa: B019 - one listing per project and index for the wheelhouse's life
-    def _listing(self, project: str, index_urls: tuple[str, ...], find_links: tuple[str, ...]) -> list[pypi.WheelFile]:
-        files: list[pypi.WheelFile] = []
-        for directory in find_links:
-            files += pypi.find_links_files(project, Path(directory))
-        for url in index_urls:
-            try:
-                files += pypi.index_files(project, url)
-            except urllib.error.HTTPError as error:
-                if error.code != 404:  # an index without this project is normal with extra_urls
-                    raise
-        return files
-
-    def refs(self, cell: Cell, grid: Matrix, lock: Lockfile) -> list[WheelRef]:
-        """The one wheel per locked package that the cell's image will install."""
-        index = grid.index(cell.index)
-        links = tuple(expand_env(p) for p in index.find_links)
-        priority = {tag: rank for rank, tag in enumerate(target_tags(cell))}
-        refs = []
-        for package in lock.packages.values():
-            best: tuple[int, WheelRef] | None = None
-            for wheel in self._listing(package.name, tuple(index.urls), links):
-                name, version, _, file_tags = parse_wheel_filename(wheel.filename)
-                if canonicalize_name(name) != package.name or str(version) != package.version:
-                    continue
-                rank = min((priority[t] for t in file_tags if t in priority), default=None)
-                if rank is None:
-                    continue
-                digest = wheel.sha256 or self._local_digest(wheel)
-                if digest not in package.hashes:
-                    continue
-                if best is None or rank < best[0]:
-                    best = (rank, WheelRef(package.name, wheel.filename, wheel.url, digest, wheel.size))
-            if best is None:
-                raise UserError(
-                    f"{lock.path}: no wheel of {package.name}=={package.version} with a locked hash fits "
-                    f"Python {cell.python} on glibc {cell.base.glibc}; run `python -m builder lock {cell.name}`"
-                )
-            refs.append(best[1])
-        return sorted(refs, key=lambda r: r.filename)
-
-    @functools.cache  # noqa: B019
-    def _local_digest(self, wheel: pypi.WheelFile) -> str:
-        return sha256_of(Path(urllib.request.url2pathname(wheel.url.removeprefix("file://"))))
 
     # ------------------------------------------------------------ fetching
 
@@ -231,7 +144,7 @@ class Wheelhouse:
         stamp = self._stamp_path(path)
         if stamp.exists() and stamp.read_text() == self._signature(path):
             return True
-        if sha256_of(path) == sha256:
+        if digests.sha256_file(path) == sha256:
             self._stamp(path)
             return True
         self.report(f"cached {path.name} does not match its sha256; removed, fetching it again")
@@ -244,10 +157,10 @@ class Wheelhouse:
 
     def publish_page(self, lock: Lockfile, refs: list[WheelRef]) -> str:
         """Write the find-links page for one lock, and the lock beside it; returns the page's path."""
-        page = self.root / lock_page(lock.path) / "index.html"
+        page = self.root / served.lock_page(lock.path) / "index.html"
         page.parent.mkdir(parents=True, exist_ok=True)
         self._publish_lock(lock)
-        self.allow([lock_page(lock.path) + "index.html", *(self.blob_path(r.sha256, r.filename) for r in refs)])
+        self.allow([served.lock_page(lock.path) + "index.html", *(self.blob_path(r.sha256, r.filename) for r in refs)])
         links = "\n".join(
             f'<a href="../../{html.escape(self.blob_path(r.sha256, r.filename))}#sha256={r.sha256}">'
             f"{html.escape(r.filename)}</a><br>"
@@ -256,18 +169,18 @@ class Wheelhouse:
         with tempfile.NamedTemporaryFile("w", dir=page.parent, delete=False) as handle:
             handle.write(f"<!DOCTYPE html><html><body>\n{links}\n</body></html>\n")
         os.replace(handle.name, page)
-        return lock_page(lock.path)
+        return served.lock_page(lock.path)
 
     def publish_files(self, paths: Iterable[Path]) -> None:
         """Serve build inputs that are not wheels (helper scripts) under their content's name."""
         for path in paths:
-            self._place(path, self.root / served_path(path))
-            self.allow([served_path(path)])
+            self._place(path, self.root / served.served_path(path))
+            self.allow([served.served_path(path)])
 
     def _publish_lock(self, lock: Lockfile) -> None:
         """The lock itself beside its page: RUN steps fetch it from there."""
-        self._place(lock.path, self.root / lock_page(lock.path) / lock.path.name)
-        self.allow([lock_page(lock.path) + lock.path.name])
+        self._place(lock.path, self.root / served.lock_page(lock.path) / lock.path.name)
+        self.allow([served.lock_page(lock.path) + lock.path.name])
 
     def allow(self, paths: Iterable[str]) -> None:
         """Let the server answer for these paths (relative to the root): the files a build asked for."""
@@ -309,11 +222,11 @@ class Wheelhouse:
             cached = self.cached_files(lock)
             if cached is not None and all(self.intact(self.root / path, digest) for path, digest in cached):
                 self._publish_lock(lock)
-                self.allow([lock_page(lock.path) + "index.html", *(path for path, _ in cached)])
+                self.allow([served.lock_page(lock.path) + "index.html", *(path for path, _ in cached)])
                 files += [self.root / path for path, _ in cached]
                 continue
             try:
-                refs = self.refs(cell, grid, lock)
+                refs = wheelchoice.choose(cell, grid, lock)
             except OSError as error:
                 raise self._offline_error(lock, error) from None
             missing = sum(1 for r in refs if not self.blob(r.sha256, r.filename).is_file())
@@ -341,103 +254,10 @@ class Wheelhouse:
     def cached_files(self, lock: Lockfile) -> list[tuple[str, str]] | None:
         """The files (paths under the root) a lock's existing page names, with their hashes; None
         when there is no page, or it does not name one file per locked package."""
-        page = self.root / lock_page(lock.path) / "index.html"
+        page = self.root / served.lock_page(lock.path) / "index.html"
         if not page.exists():
             return None
         found = re.findall(r'href="\.\./\.\./(sha256/[0-9a-f]{2}/([0-9a-f]{64})/[^"#/]+)#', page.read_text())
         if len(found) != len(lock.packages):
             return None
         return found
-
-
-def content_key(path: Path) -> str:
-    """A URL path segment naming a file by its content, so a changed file gets a new URL."""
-    return sha256_of(path)[:16]
-
-
-def lock_page(path: Path) -> str:
-    """Where a lock's find-links page (and the lock itself) lives under the server root."""
-    return f"locks/{content_key(path)}/"
-
-
-def served_path(path: Path) -> str:
-    """Where a helper script lives under the server root."""
-    return f"files/{content_key(path)}/{path.name}"
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    """Serves exactly the files builds asked for: no directory listings, no symbolic links."""
-
-    house: Wheelhouse
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-    def do_HEAD(self) -> None:
-        self._answer(body=False)
-
-    def do_GET(self) -> None:
-        self._answer(body=True)
-
-    def _answer(self, body: bool) -> None:
-        relative = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path).lstrip("/")
-        if relative.endswith("/") or not relative:  # pip reads a find-links page by its folder's URL
-            relative += "index.html"
-        relative = posixpath.normpath(relative)  # "locks/k/../../sha256/..." as a client may send it
-        path = self.house.root / relative
-        if not self.house.serves(relative) or os.path.realpath(path) != os.path.abspath(path):
-            self.send_error(404)
-            return
-        try:
-            handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError:
-            self.send_error(404)
-            return
-        with os.fdopen(handle, "rb") as source:
-            info = os.fstat(source.fileno())
-            if not stat.S_ISREG(info.st_mode):
-                self.send_error(404)
-                return
-            self.send_response(200)
-            kind = "text/html" if relative.endswith(".html") else "application/octet-stream"
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(info.st_size))
-            self.end_headers()
-            if body:
-                shutil.copyfileobj(source, self.wfile, 1 << 20)
-
-
-def _serving_same_root(host: str, port: int, root: Path) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{host}:{port}/{MARKER}", timeout=2) as response:
-            return bool(response.read().decode() == str(root.resolve()))
-    except OSError:
-        return False
-
-
-@contextmanager
-def serve(house: Wheelhouse, listen: str) -> Iterator[str]:
-    """Serve the wheelhouse on a loopback address for the duration of a build.
-
-    The address is fixed by matrix.yaml because it is part of the rendered RUN line (and so of
-    the layer cache key). A second build reuses a server already serving the same cache.
-    """
-    host, port = listen.rsplit(":", 1)
-    handler = type("WheelhouseHandler", (_Handler,), {"house": house})
-    try:
-        server = http.server.ThreadingHTTPServer((host, int(port)), handler)
-    except OSError as error:
-        if _serving_same_root(host, int(port), house.root):
-            yield f"http://{listen}/"
-            return
-        raise UserError(
-            f"cannot serve the wheelhouse on {listen}: {error.strerror}; free the port or change wheelhouse.listen"
-        ) from None
-    # A short poll interval: shutdown() waits up to one interval, on every build.
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://{listen}/"
-    finally:
-        server.shutdown()
-        server.server_close()

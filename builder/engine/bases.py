@@ -8,14 +8,9 @@ archive ourselves keeps the image ID a function of the root filesystem alone.
 
 from __future__ import annotations
 
-import datetime
-import hashlib
-import io
-import json
 import os
 import shutil
 import subprocess
-import tarfile
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +18,8 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from builder import digests
+from builder.engine import archive
 from builder.errors import UserError
 from builder.plan.cell import BaseImage
 
@@ -59,10 +56,10 @@ def bootstrap(engine: docker.DockerClient, base: BaseImage, epoch: int, report: 
         rootfs = Path(scratch, "rootfs.tar")
         report(f"bootstrapping {base.distro} {base.suite} with {base.bootstrap_tool}")
         _run_bootstrap(base, epoch, rootfs, Path(scratch))
-        archive = Path(scratch, "image.tar")
-        write_image_archive(rootfs, archive, base.local_tag, epoch, {"base": base.name, "suite": base.suite})
-        with archive.open("rb") as stream:
-            images = engine.images.load(stream)
+        diff_id = "sha256:" + digests.sha256_file(rootfs)
+        labels = {"base": base.name, "suite": base.suite}
+        config = archive.image_config([diff_id], epoch, labels, [f"bootstrap {base.suite}"])
+        images = archive.load(engine, config, [(diff_id, rootfs)], base.local_tag, epoch)
     image_id: str = images[0].id
     report(f"loaded {base.local_tag} ({image_id[:19]})")
     return image_id
@@ -101,51 +98,3 @@ def _run_bootstrap(base: BaseImage, epoch: int, rootfs: Path, scratch: Path) -> 
     if result.returncode != 0:
         tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
         raise UserError(f"bootstrap of {base.suite} from {base.mirror} failed: {tail[0]}")
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return "sha256:" + digest.hexdigest()
-
-
-def _timestamp(epoch: int) -> str:
-    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def image_config(diff_ids: list[str], epoch: int, labels: dict[str, str], history: list[str]) -> bytes:
-    """An image config with fixed times, serialised canonically (its digest is the image ID)."""
-    created = _timestamp(epoch)
-    config = {
-        "architecture": "amd64",
-        "os": "linux",
-        "created": created,
-        "config": {
-            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-            "Cmd": ["bash"],
-            "Labels": labels,
-        },
-        "rootfs": {"type": "layers", "diff_ids": diff_ids},
-        "history": [{"created": created, "created_by": line} for line in history],
-    }
-    return json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
-
-
-def write_image_archive(rootfs: Path, archive: Path, tag: str, epoch: int, labels: dict[str, str]) -> None:
-    """A `docker load` archive of one layer, streamed (the layer is never held in memory)."""
-    diff_id = _sha256_file(rootfs)
-    config = image_config([diff_id], epoch, labels, [f"bootstrap {labels.get('suite', '')}"])
-    config_name = hashlib.sha256(config).hexdigest() + ".json"
-    layer_name = diff_id.removeprefix("sha256:") + "/layer.tar"
-    manifest = json.dumps([{"Config": config_name, "RepoTags": [tag], "Layers": [layer_name]}]).encode()
-    with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as out:
-        for name, payload in ((config_name, config), ("manifest.json", manifest)):
-            info = tarfile.TarInfo(name)
-            info.size, info.mtime = len(payload), epoch
-            out.addfile(info, io.BytesIO(payload))
-        info = out.gettarinfo(str(rootfs), arcname=layer_name)
-        info.mtime, info.uid, info.gid, info.uname, info.gname = epoch, 0, 0, "", ""
-        with rootfs.open("rb") as layer:
-            out.addfile(info, layer)

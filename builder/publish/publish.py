@@ -14,10 +14,10 @@ An image whose tags and aliases already point at its digest is left alone.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import os
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +26,7 @@ from typing import Any
 import docker
 import docker.errors
 
+from builder import times
 from builder.build import smoke
 from builder.build.build import local_reference
 from builder.errors import UserError
@@ -209,7 +210,7 @@ def write_record(grid: Matrix, item: Publication, records_dir: Path) -> Path:
             "checks": len(checks),
         },
         "sbom": f"{item.cell.tag}.sbom",
-        "published": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "published": times.iso_utc(time.time()),
     }
     records_dir.mkdir(parents=True, exist_ok=True)
     path = records_dir / f"{item.cell.name}.json"

@@ -8,7 +8,7 @@ import pytest
 
 from builder.build import build, wheelhouse
 from builder.engine import bases as base
-from builder.repro import normalize as repro
+from builder.repro import normalize, verify
 from tests.integration.conftest import BuiltCell
 
 pytestmark = pytest.mark.integration
@@ -38,8 +38,8 @@ def test_a_rebuild_without_cache_gives_the_same_image_and_layers(built: BuiltCel
     raw_layers = layers(built, again.image_id)
     epoch = built.grid.spec.source_date_epoch
     keep = base.layer_count(built.client, base.ensure(built.client, built.cell.base, epoch, print))
-    normalized = repro.normalize_image(built.client, again.reference, epoch, keep, print)
-    verdict = repro.compare(built.client, built.cell.name, built.image_id, normalized)
+    normalized = normalize.normalize_image(built.client, again.reference, epoch, keep, print)
+    verdict = verify.compare(built.client, built.cell.name, built.image_id, normalized)
     assert verdict.differences == {} and verdict.reproducible
     assert built.client.images.get(normalized).attrs["Created"].startswith("2024-12-02T00:00:00")
     # The RUN steps settled their layers in the build: up to the first COPY, the normalized

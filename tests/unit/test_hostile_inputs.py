@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from builder import cli
-from builder.build import wheelhouse
+from builder.build import wheelhouse, wheelserver
 from builder.lock import header as lockheader
 from builder.lock import requirements as lock
 from builder.plan.matrix import load_matrix
@@ -419,7 +419,7 @@ def test_the_wheelhouse_serves_only_what_a_build_asked_for(tmp_path: Path) -> No
         except urllib.error.HTTPError as error:
             return error.code
 
-    with wheelhouse.serve(house, "127.0.0.1:18742"):
+    with wheelserver.serve(house, "127.0.0.1:18742"):
         assert status("files/0123456789abcdef/settle-layer.sh") == 200
         assert status("files/") == 404  # no listing
         assert status("") == 404

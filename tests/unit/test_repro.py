@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from builder.repro import normalize as repro
+from builder.engine import archive
+from builder.repro import layers, manifests, normalize
 
 EPOCH = 1733097600
 
@@ -38,7 +39,7 @@ def layer(entries: list[tuple[str, str, bytes | str, int]]) -> io.BytesIO:
 
 
 def normalized(tmp_path: Path, entries: list[tuple[str, str, bytes | str, int]]) -> tuple[str, Path, list]:  # type: ignore[type-arg]
-    return repro.normalize_layer(layer(entries), EPOCH, tmp_path)
+    return layers.normalize_layer(layer(entries), EPOCH, tmp_path)
 
 
 def test_order_build_times_and_owner_names_do_not_change_the_layer(tmp_path: Path) -> None:
@@ -97,7 +98,7 @@ def test_config_loses_build_host_fields_and_gets_fixed_times() -> None:
         "history": [{"created": "2026-12-02T18:00:00Z", "created_by": "RUN x"}],
         "rootfs": {"type": "layers", "diff_ids": ["old"]},
     }
-    result = json.loads(repro.normalize_config(config, ["sha256:new"], EPOCH))
+    result = json.loads(layers.normalize_config(config, ["sha256:new"], EPOCH))
     assert result == {
         "created": "2024-12-02T00:00:00Z",
         "config": {"Hostname": "", "Domainname": "", "Env": ["A=1"]},
@@ -111,8 +112,8 @@ def test_differing_paths_names_what_changed_between_two_layers(tmp_path: Path, m
     one, _, files_one = normalized(tmp_path, [("a", "file", b"1", 1), ("b", "file", b"same", 1)])
     two, _, files_two = normalized(tmp_path, [("a", "file", b"2", 1), ("b", "file", b"same", 1)])
     for digest, files in ((one, files_one), (two, files_two)):
-        (repro.cache_dir() / f"{digest.removeprefix('sha256:')}.manifest.json").write_text(json.dumps(files))
-    assert repro.differing_paths(one, two) == ["a"]
+        (manifests.cache_dir() / f"{digest.removeprefix('sha256:')}.manifest.json").write_text(json.dumps(files))
+    assert manifests.differing_paths(one, two) == ["a"]
 
 
 def test_a_settled_entry_passes_and_each_kind_of_unsettled_entry_says_why() -> None:
@@ -121,13 +122,13 @@ def test_a_settled_entry_passes_and_each_kind_of_unsettled_entry_says_why() -> N
         info.mtime, info.uid, info.uname, info.type = mtime, uid, uname, kind
         return info
 
-    assert repro.unsettled(entry("opt/venv/bin/python", uname="root"), EPOCH) is None
-    assert repro.unsettled(entry("usr/lib/old.so", mtime=1), EPOCH) is None
-    assert repro.unsettled(entry("var/lib/dpkg/status-old"), EPOCH) is None  # a deterministic copy
-    assert repro.unsettled(entry("tmp/apt", kind=tarfile.DIRTYPE), EPOCH) is None
-    assert "after SOURCE_DATE_EPOCH" in str(repro.unsettled(entry("opt/torch-images", mtime=EPOCH + 1), EPOCH))
-    assert "log, cache or temporary" in str(repro.unsettled(entry("var/log/apt/history.log"), EPOCH))
-    assert "owner named by the build host" in str(repro.unsettled(entry("x", uid=42, uname="_apt"), EPOCH))
+    assert layers.unsettled(entry("opt/venv/bin/python", uname="root"), EPOCH) is None
+    assert layers.unsettled(entry("usr/lib/old.so", mtime=1), EPOCH) is None
+    assert layers.unsettled(entry("var/lib/dpkg/status-old"), EPOCH) is None  # a deterministic copy
+    assert layers.unsettled(entry("tmp/apt", kind=tarfile.DIRTYPE), EPOCH) is None
+    assert "after SOURCE_DATE_EPOCH" in str(layers.unsettled(entry("opt/torch-images", mtime=EPOCH + 1), EPOCH))
+    assert "log, cache or temporary" in str(layers.unsettled(entry("var/log/apt/history.log"), EPOCH))
+    assert "owner named by the build host" in str(layers.unsettled(entry("x", uid=42, uname="_apt"), EPOCH))
 
 
 def test_scanning_a_layer_keeps_an_exact_copy_and_reports_the_first_unsettled_entry(tmp_path: Path) -> None:
@@ -136,20 +137,20 @@ def test_scanning_a_layer_keeps_an_exact_copy_and_reports_the_first_unsettled_en
     )
     expected = source.getvalue()
     with (tmp_path / "copy.tar").open("wb") as copy:
-        problem = repro._scan_layer(source, EPOCH, copy)
+        problem = normalize._scan_layer(source, EPOCH, copy)
     assert (tmp_path / "copy.tar").read_bytes() == expected
     assert problem == "opt was modified after SOURCE_DATE_EPOCH"
-    assert repro._scan_layer(layer([("opt/a", "file", b"a", 1)]), EPOCH, None) is None
+    assert normalize._scan_layer(layer([("opt/a", "file", b"a", 1)]), EPOCH, None) is None
 
 
 def test_the_archive_for_docker_load_names_every_layer_but_carries_only_those_the_engine_lacks(tmp_path: Path) -> None:
     new_layer = tmp_path / "new.tar"
     new_layer.write_bytes(layer([("a", "file", b"1", 1)]).getvalue())
-    archive = io.BytesIO()
-    layers = [("sha256:" + "1" * 64, None), ("sha256:" + "2" * 64, new_layer)]
-    repro._write_archive(archive, b"{}", layers, "torch:test", EPOCH)
-    archive.seek(0)
-    with tarfile.open(fileobj=archive) as saved:
+    written = io.BytesIO()
+    wanted = [("sha256:" + "1" * 64, None), ("sha256:" + "2" * 64, new_layer)]
+    archive.write_load_archive(written, b"{}", wanted, "torch:test", EPOCH)
+    written.seek(0)
+    with tarfile.open(fileobj=written) as saved:
         names = saved.getnames()
         manifest = json.loads(saved.extractfile("manifest.json").read())  # type: ignore[union-attr]
     assert manifest[0]["Layers"] == ["1" * 64 + "/layer.tar", "2" * 64 + "/layer.tar"]
@@ -157,7 +158,7 @@ def test_the_archive_for_docker_load_names_every_layer_but_carries_only_those_th
 
 
 def test_a_file_manifest_lists_paths_kinds_and_content_digests() -> None:
-    rows = repro.file_manifest(layer([("d", "dir", "", 1), ("d/f", "file", b"x", 1), ("d/g", "link", "d/f", 1)]))
+    rows = layers.file_manifest(layer([("d", "dir", "", 1), ("d/f", "file", b"x", 1), ("d/g", "link", "d/f", 1)]))
     assert rows == [
         ["d", "dir", "0o755", 0, ""],
         ["d/f", "file", "0o644", 1, "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"],
@@ -213,18 +214,18 @@ def test_normalizing_sends_back_only_the_first_unsettled_layer_and_those_above_i
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_layer: int
 ) -> None:
     monkeypatch.setenv("TORCH_IMAGES_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(repro, "SMALL_LAYER", small_layer)
+    monkeypatch.setattr(normalize, "SMALL_LAYER", small_layer)
     base_layer = layer([("etc/debian_version", "file", b"12", EPOCH + 1)]).getvalue()  # kept: the base's
     settled = layer([("opt/venv/lib/torch.py", "file", b"torch", EPOCH)]).getvalue()
     copy_step = layer([("opt/torch-images", "dir", "", EPOCH + 99), ("opt/torch-images/spec.json", "file", b"{}", 1)])
     settled_above = layer([("opt/venv/bin/torch-selftest", "file", b"#!", EPOCH)]).getvalue()
     fake = FakeEngine([base_layer, settled, copy_step.getvalue(), settled_above])
 
-    assert repro.normalize_image(fake, "torch:test", EPOCH, 1, lambda _: None) == "sha256:normalized"  # type: ignore[arg-type]
+    assert normalize.normalize_image(fake, "torch:test", EPOCH, 1, lambda _: None) == "sha256:normalized"  # type: ignore[arg-type]
 
     assert fake.saves == (1 if small_layer else 2)
     sent = fake.loaded_layers()
-    rewritten, _, _ = repro.normalize_layer(copy_step, EPOCH, tmp_path)
+    rewritten, _, _ = layers.normalize_layer(copy_step, EPOCH, tmp_path)
     assert sorted(sent) == sorted(
         [
             f"{rewritten.removeprefix('sha256:')}/layer.tar",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.build import wheelhouse
+from builder.build import wheelchoice, wheelhouse, wheelserver
 from builder.errors import UserError
 from builder.facts.compat import TorchWheels
 from builder.lock import requirements as lock
@@ -30,11 +30,11 @@ def make_wheel(directory: Path, filename: str, payload: bytes = b"x") -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def served_wheel(server: tuple[str, Path], project: str = "demo", payload: bytes = b"x") -> wheelhouse.WheelRef:
+def served_wheel(server: tuple[str, Path], project: str = "demo", payload: bytes = b"x") -> wheelchoice.WheelRef:
     """A wheel on the loopback file server, and the reference a lock would resolve to."""
     url, root = server
     filename = f"{project}-1.0-py3-none-any.whl"
-    return wheelhouse.WheelRef(project, filename, url + filename, make_wheel(root, filename, payload))
+    return wheelchoice.WheelRef(project, filename, url + filename, make_wheel(root, filename, payload))
 
 
 @pytest.fixture
@@ -109,7 +109,7 @@ def test_the_wheel_chosen_fits_the_cells_python_and_glibc_and_a_locked_hash(
     lock_path.write_text(
         f"fastlib==1.0 --hash=sha256:{fits} --hash=sha256:{other_python} --hash=sha256:{too_new_glibc}\n"
     )
-    refs = wheelhouse.Wheelhouse(tmp_path / "house").refs(cell, grid, lock.Lockfile.read(lock_path))
+    refs = wheelchoice.choose(cell, grid, lock.Lockfile.read(lock_path))
     assert [(r.filename, r.sha256) for r in refs] == [("fastlib-1.0-cp311-cp311-manylinux_2_28_x86_64.whl", fits)]
 
 
@@ -128,9 +128,7 @@ def test_a_locked_package_without_a_fitting_wheel_is_one_clear_error(
     with pytest.raises(
         UserError, match=r"no wheel of fastlib==1\.0 with a locked hash fits Python 3\.11 on glibc 2\.36"
     ):
-        wheelhouse.Wheelhouse(tmp_path / "house").refs(
-            grid.cell("2.9.1-cu12.8-bookworm-runtime"), grid, lock.Lockfile.read(lock_path)
-        )
+        wheelchoice.choose(grid.cell("2.9.1-cu12.8-bookworm-runtime"), grid, lock.Lockfile.read(lock_path))
 
 
 def test_served_page_links_each_file_with_its_hash_and_a_second_server_reuses_the_first(
@@ -144,8 +142,8 @@ def test_served_page_links_each_file_with_its_hash_and_a_second_server_reuses_th
     lock_path.write_text(f"demo==1.0 --hash=sha256:{digest}\n")
     page = house.publish_page(lock.Lockfile.read(lock_path), [ref])
     with (
-        wheelhouse.serve(house, "127.0.0.1:18741") as base,
-        wheelhouse.serve(house, "127.0.0.1:18741") as again,
+        wheelserver.serve(house, "127.0.0.1:18741") as base,
+        wheelserver.serve(house, "127.0.0.1:18741") as again,
     ):
         assert base == again == "http://127.0.0.1:18741/"
         html = urllib.request.urlopen(base + page, timeout=5).read().decode()
@@ -160,7 +158,7 @@ def test_a_port_held_by_something_else_is_a_clear_error(tmp_path: Path, file_ser
     port = url.rsplit(":", 1)[1].strip("/")
     with (
         pytest.raises(UserError, match=f"cannot serve the wheelhouse on 127.0.0.1:{port}"),
-        wheelhouse.serve(wheelhouse.Wheelhouse(tmp_path / "house"), f"127.0.0.1:{port}"),
+        wheelserver.serve(wheelhouse.Wheelhouse(tmp_path / "house"), f"127.0.0.1:{port}"),
     ):
         pass
 
@@ -197,7 +195,7 @@ def _flip_one_byte(path: Path) -> None:
 
 def _cached_then_corrupted(
     tmp_path: Path, file_server: tuple[str, Path]
-) -> tuple[wheelhouse.Wheelhouse, wheelhouse.WheelRef, lock.Lockfile]:
+) -> tuple[wheelhouse.Wheelhouse, wheelchoice.WheelRef, lock.Lockfile]:
     """A wheel fetched and published for a lock, then one byte of the cached file flipped."""
     ref = served_wheel(file_server)
     house = wheelhouse.Wheelhouse(tmp_path / "house")
@@ -210,13 +208,17 @@ def _cached_then_corrupted(
 
 
 def test_a_corrupt_cached_wheel_is_found_before_the_build_and_fetched_again(
-    tmp_path: Path, file_server: tuple[str, Path], matrix_file: Path, wheels: TorchWheels
+    tmp_path: Path,
+    file_server: tuple[str, Path],
+    matrix_file: Path,
+    wheels: TorchWheels,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     house, ref, locked = _cached_then_corrupted(tmp_path, file_server)
     grid = load_matrix(matrix_file, wheels)
     cell = grid.cell("2.9.1-cu12.8-bookworm-runtime")
-    # Online: the index (stood in for by refs) names the file again, and it is downloaded anew.
-    house.refs = lambda *_: [ref]  # type: ignore[method-assign]
+    # Online: the index (stood in for by the wheel choice) names the file again, and it is downloaded anew.
+    monkeypatch.setattr(wheelchoice, "choose", lambda *_: [ref])
     [path] = house.prepare(cell, grid, [locked])
     assert hashlib.sha256(path.read_bytes()).hexdigest() == ref.sha256
     assert house.corrupt == ["demo-1.0-py3-none-any.whl"]

@@ -1,0 +1,33 @@
+"""verify-repro: build a cell twice from nothing and compare the two images."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+import docker
+
+from builder.build import build
+from builder.build.wheelhouse import Wheelhouse
+from builder.errors import UserError
+from builder.plan.cell import Cell
+from builder.plan.matrix import Matrix
+from builder.repro.verify import Verdict, compare
+
+Progress = Callable[[str], AbstractContextManager[Callable[[str], None]]]
+
+
+def build_twice(
+    engine: docker.DockerClient, grid: Matrix, cell: Cell, house: Wheelhouse, progress: Progress
+) -> Verdict:
+    """Build the cell twice without cache (each build's intermediate steps removed before the
+    next, so the second reuses nothing) and compare the two images."""
+    ids = []
+    for attempt in (1, 2):
+        with progress(f"{cell.name}: build {attempt} of 2, without cache") as report:
+            result = build.build_cell(engine, grid, cell, house, report, no_cache=True)
+        build.discard_intermediates(engine, [result])
+        if result.status != "built":
+            raise UserError(f"{cell.name}: build {attempt} failed: {result.detail}")
+        ids.append(result.image_id)
+    return compare(engine, cell.name, ids[0], ids[1])

@@ -1,0 +1,145 @@
+"""`docker save` and `docker load` archives, streamed: a layer of several GB is never held in
+memory. One writer serves both the bootstrapped bases and normalized images."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import docker
+
+from builder import times
+
+# (diff_id, the layer's tar, or None: a layer the engine already has)
+Layers = list[tuple[str, Path | None]]
+
+
+def canonical_json(document: dict[str, Any]) -> bytes:
+    """A config serialised one way only: its sha256 is the image ID."""
+    return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+
+
+def image_config(diff_ids: list[str], epoch: int, labels: dict[str, str], history: list[str]) -> bytes:
+    """A new image's config with fixed times (the bootstrapped bases)."""
+    created = times.iso_utc(epoch)
+    return canonical_json(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "created": created,
+            "config": {
+                "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+                "Cmd": ["bash"],
+                "Labels": labels,
+            },
+            "rootfs": {"type": "layers", "diff_ids": diff_ids},
+            "history": [{"created": created, "created_by": line} for line in history],
+        }
+    )
+
+
+def write_load_archive(archive: IO[bytes], config: bytes, layers: Layers, reference: str, epoch: int) -> None:
+    """A `docker load` archive, written as a stream. A layer without a file is one the engine
+    already has: its loader looks a layer up by chain ID before it opens the file, so the file
+    may be absent."""
+    config_name = hashlib.sha256(config).hexdigest() + ".json"
+    names = [f"{d.removeprefix('sha256:')}/layer.tar" for d, _ in layers]
+    manifest = json.dumps([{"Config": config_name, "RepoTags": [reference], "Layers": names}]).encode()
+    with tarfile.open(fileobj=archive, mode="w|", format=tarfile.PAX_FORMAT) as out:
+        for name, payload in ((config_name, config), ("manifest.json", manifest)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(payload), epoch
+            out.addfile(info, io.BytesIO(payload))
+        written = set()
+        for name, (_, path) in zip(names, layers, strict=True):
+            if path is None or name in written:  # an empty layer may repeat
+                continue
+            written.add(name)
+            info = out.gettarinfo(str(path), arcname=name)
+            info.mtime, info.uid, info.gid, info.uname, info.gname = epoch, 0, 0, "", ""
+            with path.open("rb") as handle:
+                out.addfile(info, handle)
+
+
+def load(engine: docker.DockerClient, config: bytes, layers: Layers, reference: str, epoch: int) -> list[Any]:
+    """`docker load` of an image, the archive written into a pipe as the engine reads it."""
+    read_end, write_end = os.pipe()
+    failure: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            with os.fdopen(write_end, "wb") as sink:
+                write_load_archive(sink, config, layers, reference, epoch)
+        except BaseException as error:  # reported after the engine finished reading
+            failure.append(error)
+
+    writer = threading.Thread(target=produce, daemon=True)
+    writer.start()
+
+    def chunks(source: IO[bytes]) -> Iterator[bytes]:
+        # Fixed-size chunks: iterating a binary file would split it at arbitrary b"\n" bytes.
+        while chunk := source.read(1 << 20):
+            yield chunk
+
+    with os.fdopen(read_end, "rb") as source:
+        loaded: list[Any] = engine.images.load(chunks(source))
+    writer.join()
+    if failure:
+        raise failure[0]
+    return loaded
+
+
+def saved_members(engine: docker.DockerClient, image_id: str) -> Iterator[tuple[tarfile.TarInfo, IO[bytes] | None]]:
+    """Members of `docker save`, streamed."""
+    response = engine.api.get_image(image_id, chunk_size=1 << 20)
+    stream = io.BufferedReader(_IterStream(response), buffer_size=1 << 20)
+    with tarfile.open(fileobj=stream, mode="r|") as saved:
+        for member in saved:
+            yield member, saved.extractfile(member) if member.isreg() else None
+
+
+class _IterStream(io.RawIOBase):
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks, self.pending = iter(chunks), b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        while not self.pending:
+            try:
+                self.pending = next(self.chunks)
+            except StopIteration:
+                return 0
+        count = min(len(buffer), len(self.pending))
+        buffer[:count], self.pending = self.pending[:count], self.pending[count:]
+        return count
+
+
+class Tee(io.RawIOBase):
+    """Hands every byte read on to `seen` too: to keep a copy, or to hash, in the same pass."""
+
+    def __init__(self, source: IO[bytes], seen: Callable[[bytes], object]) -> None:
+        self.source, self.seen = source, seen
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        data = self.source.read(len(buffer))
+        buffer[: len(data)] = data
+        self.seen(data)
+        return len(data)
+
+
+def read_to_end(source: IO[bytes]) -> None:
+    """Reads what tarfile leaves unread (end-of-archive padding), so a tee sees every byte."""
+    while source.read(1 << 20):
+        pass

@@ -1,0 +1,56 @@
+"""Where the wheelhouse server offers a build's inputs: locks and helper scripts, each under a
+URL named by its content, so a changed file gets a new URL and the rendered Dockerfile (which
+names each by its URL and sha256) changes with it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder import digests, paths
+
+# Helper scripts that RUN steps fetch from the wheelhouse server (see partials/fetch.j2).
+SUPPORT_FILES = tuple(
+    paths.TEMPLATES / "scripts" / name for name in ("settle-layer.sh", "hardlink-duplicates.py", "link-cuda-home.sh")
+)
+
+
+@dataclass(frozen=True)
+class ServedFile:
+    """A build input on the wheelhouse server, named by its content."""
+
+    name: str
+    path: str  # URL path under the server root
+    sha256: str
+
+
+@dataclass(frozen=True)
+class LockRef(ServedFile):
+    page: str  # path of the lock's find-links page on the wheelhouse server
+
+
+def content_key(path: Path) -> str:
+    """A URL path segment naming a file by its content, so a changed file gets a new URL."""
+    return digests.sha256_file(path)[:16]
+
+
+def lock_page(path: Path) -> str:
+    """Where a lock's find-links page (and the lock itself) lives under the server root."""
+    return f"locks/{content_key(path)}/"
+
+
+def served_path(path: Path) -> str:
+    """Where a helper script lives under the server root."""
+    return f"files/{content_key(path)}/{path.name}"
+
+
+def lock_ref(path: Path) -> LockRef | None:
+    """A lock as the Dockerfile names it, or None when the cell has no such lock yet."""
+    if not path.exists():
+        return None
+    page = lock_page(path)
+    return LockRef(path.name, page + path.name, digests.sha256_file(path), page)
+
+
+def support_files() -> dict[str, ServedFile]:
+    return {path.name: ServedFile(path.name, served_path(path), digests.sha256_file(path)) for path in SUPPORT_FILES}

@@ -1,0 +1,57 @@
+"""Per-layer file manifests (path, type, mode, size, sha256), kept in the cache to name the
+paths that differ between two builds."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import docker
+
+from builder import paths
+from builder.engine import archive
+from builder.repro.layers import file_manifest
+
+
+def cache_dir() -> Path:
+    return paths.cache_dir("layers")
+
+
+def save_manifest(diff_id: str, files: list[list[Any]]) -> None:
+    (cache_dir() / f"{diff_id.removeprefix('sha256:')}.manifest.json").write_text(json.dumps(files))
+
+
+def record_manifests(engine: docker.DockerClient, image_id: str) -> None:
+    """Write the file manifest of every layer of an image that has none yet (for verify-repro)."""
+    wanted = [d for d in engine.images.get(image_id).attrs["RootFS"]["Layers"] if layer_manifest(d) is None]
+    if not wanted:
+        return
+    for member, handle in archive.saved_members(engine, image_id):
+        if handle is None or not member.name.endswith("/layer.tar"):
+            continue
+        digest = hashlib.sha256()
+        source = io.BufferedReader(archive.Tee(handle, digest.update), buffer_size=1 << 20)
+        rows = file_manifest(source)
+        archive.read_to_end(source)
+        diff_id = "sha256:" + digest.hexdigest()
+        if diff_id in wanted:
+            save_manifest(diff_id, rows)
+
+
+def layer_manifest(diff_id: str) -> list[list[Any]] | None:
+    path = cache_dir() / f"{diff_id.removeprefix('sha256:')}.manifest.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def differing_paths(first: str, second: str, limit: int = 20) -> list[str]:
+    """Paths whose entries differ between two normalized layers (by their manifests)."""
+    a, b = layer_manifest(first), layer_manifest(second)
+    if a is None or b is None:
+        return ["(no manifest recorded for one of the layers)"]
+    left = {row[0]: row[1:] for row in a}
+    right = {row[0]: row[1:] for row in b}
+    names = sorted(n for n in set(left) | set(right) if left.get(n) != right.get(n))
+    return names[:limit] + ([f"... and {len(names) - limit} more"] if len(names) > limit else [])
