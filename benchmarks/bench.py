@@ -34,6 +34,7 @@ from rich.table import Table
 from builder.build import build, smoke, wheelchoice, wheelhouse, wheelserver
 from builder.engine import bases as base
 from builder.engine import daemon as engine
+from builder.lock import inputs
 from builder.lock import requirements as lock
 from builder.plan import matrix
 from builder.plan.cell import Cell
@@ -64,7 +65,7 @@ def bench_plan_render(path: Path) -> Row:
     def plan_and_render() -> None:
         grid = matrix.load_matrix(path)
         for cell in grid.cells:
-            render.rendered(cell, grid)
+            render.rendered(inputs.read(cell, grid), grid)
 
     seconds = min(_seconds(plan_and_render) for _ in range(3))
     cells = len(matrix.load_matrix(path).cells)
@@ -138,7 +139,7 @@ def bench_downloads(grid: matrix.Matrix, cells: list[Cell]) -> Row:
         house = wheelhouse.Wheelhouse(Path(scratch))
         sizes: dict[str, int] = {}
         for cell in cells:
-            locks = lock.read_locks(cell)
+            locks = inputs.read(cell, grid).python_locks
             for locked in locks:
                 for ref in wheelchoice.choose(cell, grid, locked):
                     if not ref.url.startswith("file://") and ref.size is not None:
@@ -167,9 +168,10 @@ def _cold_build(grid: matrix.Matrix, cell: Cell, reference: str, settle: bool) -
     with tempfile.TemporaryDirectory() as scratch:
         variant = dataclasses.replace(cell, images_root=Path(scratch))
         variant.directory.mkdir()
-        for path, text in render.rendered(cell, grid, settle=settle).items():
+        locks = inputs.read(cell, grid)
+        for path, text in render.rendered(locks, grid, settle=settle).items():
             (variant.directory / path.name).write_text(text)
-        house.prepare(cell, grid, lock.read_locks(cell))
+        house.prepare(cell, grid, locks.python_locks)
         house.publish_files(served.SUPPORT_FILES)
         base_ref = base.ensure(client, cell.base, epoch, lambda _: None)
         started = time.perf_counter()

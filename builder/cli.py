@@ -19,6 +19,7 @@ from builder.build import build, smoke, twice, wheelhouse
 from builder.engine import daemon as engine
 from builder.errors import EXIT_USER_ERROR, UserError
 from builder.facts import refresh
+from builder.lock import debian, inputs
 from builder.lock import requirements as lock
 from builder.plan import matrix
 from builder.plan.cell import Cell
@@ -104,7 +105,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
     grid = _matrix(args)
     cells = grid.cells if args.all or not args.cells else grid.select(args.cells)
     if args.check:
-        problems = [p for cell in cells for p in lock.check_cell(cell, grid)]
+        problems = [p for cell in cells for p in inputs.read(cell, grid).problems]
         for problem in problems:
             print(problem)
         return 1 if problems else 0
@@ -119,7 +120,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
                 report(f"{cell.name}: {', '.join(str(p) for p in outcome)}")
     if locked and not args.python_only:
         with progress("pinning Debian packages (apt resolves in a container of each base)") as report:
-            for cell, path in lock.lock_debian(locked, grid, engine.client()):
+            for cell, path in debian.lock_cells(locked, grid.spec.source_date_epoch, engine.client()):
                 report(f"{cell.name}: {path}")
     for failure in failures:
         console.print(f"[red]error:[/red] {failure}", highlight=False, soft_wrap=True)

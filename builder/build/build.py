@@ -29,7 +29,8 @@ from builder import paths, times
 from builder.build import wheelhouse, wheelserver
 from builder.engine import bases as base
 from builder.errors import UserError
-from builder.lock import requirements as lock
+from builder.lock import inputs
+from builder.lock.inputs import CellLocks
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
 from builder.render import render, served
@@ -57,18 +58,20 @@ def local_reference(grid: Matrix, cell: Cell) -> str:
     return f"{grid.spec.repository}:{cell.tag}"
 
 
-def preflight(cell: Cell, grid: Matrix) -> None:
-    """Refuse to build a cell whose lock or Dockerfile does not match matrix.yaml."""
-    problems = lock.check_cell(cell, grid) + render.drift([cell], grid)
+def preflight(cell: Cell, grid: Matrix) -> CellLocks:
+    """The cell's locks, read once; refuses a cell whose locks or Dockerfile do not match matrix.yaml."""
+    locks = inputs.read(cell, grid)
+    problems = [*locks.problems, *render.drift_of(locks, grid)]
     if problems:
         raise UserError(problems[0])
+    return locks
 
 
 def context_files(cell: Cell) -> dict[str, Path]:
     """The build context, by name in the context: the cell's Dockerfile and spec.json, and the
     self-test with its data. Named the same wherever the files live (a checkout, an installed
     package, a matrix elsewhere), as the rendered Dockerfile's COPY lines expect."""
-    directory = lock.cell_dir(cell)
+    directory = cell.directory
     return {
         f"images/{cell.name}/Dockerfile": directory / "Dockerfile",
         f"images/{cell.name}/spec.json": directory / "spec.json",
@@ -137,7 +140,7 @@ def build_cell(
     reference = reference or local_reference(grid, cell)
     result = BuildResult(cell.name, reference)
     started = time.monotonic()
-    preflight(cell, grid)
+    locks = preflight(cell, grid)
     base_reference = base.ensure(engine, cell.base, grid.spec.source_date_epoch, report)
     result.build_id = build_id(cell, engine.images.get(base_reference).id, backend)
     normalized_at = times.iso_utc(grid.spec.source_date_epoch).removesuffix("Z") if normalize else None
@@ -149,7 +152,7 @@ def build_cell(
         return result
     report(f"{cell.name}: fetching and verifying wheels")
     house.report = report
-    house.prepare(cell, grid, lock.read_locks(cell))
+    house.prepare(cell, grid, locks.python_locks)
     house.publish_files(served.SUPPORT_FILES)
     labels = {BUILD_ID_LABEL: result.build_id}
     epoch = grid.spec.source_date_epoch

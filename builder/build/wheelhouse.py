@@ -157,10 +157,10 @@ class Wheelhouse:
 
     def publish_page(self, lock: Lockfile, refs: list[WheelRef]) -> str:
         """Write the find-links page for one lock, and the lock beside it; returns the page's path."""
-        page = self.root / served.lock_page(lock.path) / "index.html"
+        page = self.root / served.lock_page(lock) / "index.html"
         page.parent.mkdir(parents=True, exist_ok=True)
         self._publish_lock(lock)
-        self.allow([served.lock_page(lock.path) + "index.html", *(self.blob_path(r.sha256, r.filename) for r in refs)])
+        self.allow([served.lock_page(lock) + "index.html", *(self.blob_path(r.sha256, r.filename) for r in refs)])
         links = "\n".join(
             f'<a href="../../{html.escape(self.blob_path(r.sha256, r.filename))}#sha256={r.sha256}">'
             f"{html.escape(r.filename)}</a><br>"
@@ -169,7 +169,7 @@ class Wheelhouse:
         with tempfile.NamedTemporaryFile("w", dir=page.parent, delete=False) as handle:
             handle.write(f"<!DOCTYPE html><html><body>\n{links}\n</body></html>\n")
         os.replace(handle.name, page)
-        return served.lock_page(lock.path)
+        return served.lock_page(lock)
 
     def publish_files(self, paths: Iterable[Path]) -> None:
         """Serve build inputs that are not wheels (helper scripts) under their content's name."""
@@ -179,8 +179,8 @@ class Wheelhouse:
 
     def _publish_lock(self, lock: Lockfile) -> None:
         """The lock itself beside its page: RUN steps fetch it from there."""
-        self._place(lock.path, self.root / served.lock_page(lock.path) / lock.path.name)
-        self.allow([served.lock_page(lock.path) + lock.path.name])
+        self._place(lock.path, self.root / served.lock_page(lock) / lock.path.name)
+        self.allow([served.lock_page(lock) + lock.path.name])
 
     def allow(self, paths: Iterable[str]) -> None:
         """Let the server answer for these paths (relative to the root): the files a build asked for."""
@@ -222,7 +222,7 @@ class Wheelhouse:
             cached = self.cached_files(lock)
             if cached is not None and all(self.intact(self.root / path, digest) for path, digest in cached):
                 self._publish_lock(lock)
-                self.allow([served.lock_page(lock.path) + "index.html", *(path for path, _ in cached)])
+                self.allow([served.lock_page(lock) + "index.html", *(path for path, _ in cached)])
                 files += [self.root / path for path, _ in cached]
                 continue
             try:
@@ -254,7 +254,7 @@ class Wheelhouse:
     def cached_files(self, lock: Lockfile) -> list[tuple[str, str]] | None:
         """The files (paths under the root) a lock's existing page names, with their hashes; None
         when there is no page, or it does not name one file per locked package."""
-        page = self.root / served.lock_page(lock.path) / "index.html"
+        page = self.root / served.lock_page(lock) / "index.html"
         if not page.exists():
             return None
         found = re.findall(r'href="\.\./\.\./(sha256/[0-9a-f]{2}/([0-9a-f]{64})/[^"#/]+)#', page.read_text())

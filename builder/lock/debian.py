@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,3 +120,14 @@ def resolve(engine: docker.DockerClient, cell: Cell, epoch: int, memo: dict[tupl
 
 def lock_path(directory: Path) -> Path:
     return directory / DEBIAN_LOCK
+
+
+def lock_cells(cells: list[Cell], epoch: int, engine: docker.DockerClient) -> Iterator[tuple[Cell, Path]]:
+    """Pin each cell's Debian packages (needs the engine: apt resolves inside the base)."""
+    memo: dict[tuple[str, ...], list[str]] = {}
+    for cell in cells:
+        resolved = resolve(engine, cell, epoch, memo)
+        path = lock_path(cell.directory)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(resolved.text(fingerprint(cell)))
+        yield cell, path

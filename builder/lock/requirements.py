@@ -24,16 +24,14 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import docker
 from packaging.version import Version
 
 from builder.errors import Location, UserError
 from builder.facts import pypi
 from builder.facts.compat import version_key
-from builder.lock import debian as debs
 from builder.lock.header import read_text, split, with_header
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
@@ -61,13 +59,19 @@ class Lockfile:
     fingerprint: str | None
     packages: dict[str, LockedPackage]
     content_matches: bool = True  # the body is the one `lock` wrote (its digest is in the header)
+    text: str = field(default="", repr=False)  # the file as read: the flavor lock's input, the served copy's hash
 
     @classmethod
     def read(cls, path: Path) -> Lockfile:
         """Read and validate every line; anything but comments and hashed pins is a UserError."""
         text = read_text(path)
         header, _ = split(text)
-        return cls(path, header.fingerprint, parse_lock(text, path), header.content_matches)
+        return cls(path, header.fingerprint, parse_lock(text, path), header.content_matches, text)
+
+    @property
+    def sha256(self) -> str:
+        """The file's sha256 (read_text decoded it from UTF-8, so encoding gives the same bytes)."""
+        return hashlib.sha256(self.text.encode()).hexdigest()
 
     def version(self, prefix: str) -> str | None:
         """Version of the first locked package whose name starts with prefix."""
@@ -155,10 +159,6 @@ def flavor_requirements(cell: Cell) -> list[str]:
     if cell.is_cuda:
         templates += spec.python_cuda_toolkit if cell.torch.cuda_toolkit else spec.python_cuda_legacy
     return [template.format(**values) for template in templates]
-
-
-def cell_dir(cell: Cell) -> Path:
-    return cell.directory
 
 
 def manylinux_target(glibc: str) -> str:
@@ -280,7 +280,7 @@ def require_real_trtllm_wheels(cell: Cell, grid: Matrix) -> None:
 def lock_cell(cell: Cell, grid: Matrix) -> list[Path]:
     """Resolve and write the cell's locks; returns the files written."""
     require_real_trtllm_wheels(cell, grid)
-    directory = cell_dir(cell)
+    directory = cell.directory
     directory.mkdir(parents=True, exist_ok=True)
     stack_text = with_header(
         stack_fingerprint(cell, grid),
@@ -375,65 +375,3 @@ def verify_flavor(cell: Cell, stack: Lockfile, extras: Lockfile) -> None:
                 "not move what the torch stack locked",
                 extras.path,
             )
-
-
-def lock_debian(cells: list[Cell], grid: Matrix, engine: docker.DockerClient) -> Iterator[tuple[Cell, Path]]:
-    """Pin each cell's Debian packages (needs the engine: apt resolves inside the base)."""
-    memo: dict[tuple[str, ...], list[str]] = {}
-    for cell in cells:
-        resolved = debs.resolve(engine, cell, grid.spec.source_date_epoch, memo)
-        path = debs.lock_path(cell_dir(cell))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        yield cell, _write(path, resolved.text(debs.fingerprint(cell)))
-
-
-def check_cell(cell: Cell, grid: Matrix) -> list[str]:
-    """Why the cell's locks do not match the matrix (empty when they do).
-
-    A missing or out-of-date lock is a problem in the list: `lock` fixes it. A lock whose content
-    is not what `lock` wrote (a line that is not a hashed pin, an edited body, another torch or
-    CUDA library than the cell's) raises a UserError naming the file and line: such a lock
-    never reaches a build, and `lock --check` exits 2 on it.
-    """
-    directory = cell_dir(cell)
-    problems = []
-    rerun = f"run `python -m builder lock {cell.name}`"
-
-    def unedited(path: Path, content_matches: bool) -> None:
-        if not content_matches:
-            raise UserError(f"edited after `lock` wrote it (its content digest differs); {rerun}", path)
-
-    debian = debs.lock_path(directory)
-    if not debian.exists():
-        problems.append(f"{debian} is missing; {rerun}")
-    else:
-        pins = debs.DebianLock.read(debian)
-        if pins.fingerprint != debs.fingerprint(cell):
-            problems.append(f"{debian} is out of date with data/flavors.yaml or the base; {rerun}")
-        else:
-            unedited(debian, pins.content_matches)
-    stack_path = directory / STACK_LOCK
-    if not stack_path.exists():
-        return [*problems, f"{stack_path} is missing; {rerun}"]
-    stack = Lockfile.read(stack_path)
-    if stack.fingerprint != stack_fingerprint(cell, grid):
-        return [*problems, f"{stack_path} is out of date with {grid.path.name}; {rerun}"]
-    unedited(stack_path, stack.content_matches)
-    verify_stack(cell, stack)
-    flavor_path = directory / FLAVOR_LOCK
-    if flavor_requirements(cell):
-        if not flavor_path.exists():
-            return [*problems, f"{flavor_path} is missing; {rerun}"]
-        extras = Lockfile.read(flavor_path)
-        if extras.fingerprint != flavor_fingerprint(cell, grid, read_text(stack_path)):
-            return [*problems, f"{flavor_path} is out of date; {rerun}"]
-        unedited(flavor_path, extras.content_matches)
-        verify_flavor(cell, stack, extras)
-    elif flavor_path.exists():
-        problems.append(f"{flavor_path} belongs to no flavor requirement; {rerun}")
-    return problems
-
-
-def read_locks(cell: Cell) -> list[Lockfile]:
-    paths = [cell_dir(cell) / STACK_LOCK, cell_dir(cell) / FLAVOR_LOCK]
-    return [Lockfile.read(p) for p in paths if p.exists()]

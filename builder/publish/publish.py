@@ -125,11 +125,7 @@ def _push_versioned(
 
 
 def _push_metadata(engine: docker.DockerClient, registry: Registry, grid: Matrix, item: Publication) -> None:
-    locks = [
-        p
-        for p in (lock.cell_dir(item.cell) / lock.STACK_LOCK, lock.cell_dir(item.cell) / lock.FLAVOR_LOCK)
-        if p.exists()
-    ]
+    locks = [p for p in (item.cell.directory / lock.STACK_LOCK, item.cell.directory / lock.FLAVOR_LOCK) if p.exists()]
     document = sbom.build_sbom(engine, item.image_id, item.cell, locks, item.cell.tag)
     annotations = {"org.opencontainers.image.ref.name": item.cell.tag, "io.torch-images.subject": item.digest}
     registry.push_artifact(

@@ -17,7 +17,9 @@ import jinja2
 from builder import paths, times
 from builder.errors import UserError
 from builder.lock import debian as debs
+from builder.lock import inputs
 from builder.lock import requirements as lock
+from builder.lock.inputs import CellLocks
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
 from builder.render import served
@@ -90,16 +92,15 @@ def version_labels(cell: Cell, facts: dict[str, str | None]) -> dict[str, str]:
     return {key: str(value) for key, value in labels.items()}
 
 
-def context(cell: Cell, grid: Matrix, settle: bool = True) -> dict[str, Any]:
-    directory = lock.cell_dir(cell)
-    stack = served.lock_ref(directory / lock.STACK_LOCK)
+def context(locks: CellLocks, grid: Matrix, settle: bool = True) -> dict[str, Any]:
+    cell, stack, debian = locks.cell, locks.stack, locks.debian
     if stack is None:
-        raise MissingLock(f"{directory / lock.STACK_LOCK} is missing; run `python -m builder lock {cell.name}` first")
-    facts = lock.lock_facts(lock.Lockfile.read(directory / lock.STACK_LOCK))
-    debian_path = debs.lock_path(directory)
-    if not debian_path.exists():
-        raise MissingLock(f"{debian_path} is missing; run `python -m builder lock {cell.name}` first")
-    debian = debs.DebianLock.read(debian_path)
+        missing = cell.directory / lock.STACK_LOCK
+        raise MissingLock(f"{missing} is missing; run `python -m builder lock {cell.name}` first")
+    if debian is None:
+        missing = debs.lock_path(cell.directory)
+        raise MissingLock(f"{missing} is missing; run `python -m builder lock {cell.name}` first")
+    facts = lock.lock_facts(stack)
     table = flavor.load()
     epoch = grid.spec.source_date_epoch
     return {
@@ -115,8 +116,8 @@ def context(cell: Cell, grid: Matrix, settle: bool = True) -> dict[str, Any]:
         "debian_common": debian.common,
         "debian_flavor": debian.flavor,
         "flavor_system_packages": table.flavors[cell.flavor].system,
-        "stack_lock": stack,
-        "flavor_lock": served.lock_ref(directory / lock.FLAVOR_LOCK),
+        "stack_lock": served.lock_ref(stack),
+        "flavor_lock": served.lock_ref(locks.flavor) if locks.flavor else None,
         "wheelhouse_url": f"http://{grid.spec.wheelhouse.listen}/",
         "support": served.support_files(),
         "version_labels": version_labels(cell, facts),
@@ -124,9 +125,10 @@ def context(cell: Cell, grid: Matrix, settle: bool = True) -> dict[str, Any]:
     }
 
 
-def rendered(cell: Cell, grid: Matrix, settle: bool = True) -> dict[Path, str]:
+def rendered(locks: CellLocks, grid: Matrix, settle: bool = True) -> dict[Path, str]:
     """The files render writes for one cell, by path (settle=False only for the benchmark)."""
-    values = context(cell, grid, settle)
+    cell = locks.cell
+    values = context(locks, grid, settle)
     check_values(values)
     dockerfile = _environment().get_template("Dockerfile.j2").render(values)
     spec = {
@@ -135,7 +137,7 @@ def rendered(cell: Cell, grid: Matrix, settle: bool = True) -> dict[Path, str]:
         "locked": values["facts"],
         "labels": values["version_labels"],
     }
-    directory = lock.cell_dir(cell)
+    directory = cell.directory
     return {
         directory / "Dockerfile": dockerfile,
         directory / "spec.json": json.dumps(spec, indent=1) + "\n",
@@ -144,7 +146,7 @@ def rendered(cell: Cell, grid: Matrix, settle: bool = True) -> dict[Path, str]:
 
 def render(cells: list[Cell], grid: Matrix) -> list[Path]:
     """Write every cell's files; all are rendered (and checked) before the first is written."""
-    files = {path: text for cell in cells for path, text in rendered(cell, grid).items()}
+    files = {path: text for cell in cells for path, text in rendered(inputs.read(cell, grid), grid).items()}
     written = []
     for path, text in files.items():
         if not path.exists() or path.read_text() != text:
@@ -155,18 +157,21 @@ def render(cells: list[Cell], grid: Matrix) -> list[Path]:
 
 def drift(cells: list[Cell], grid: Matrix) -> list[str]:
     """What differs between images/ and a fresh render (empty when in sync)."""
+    return [problem for cell in cells for problem in drift_of(inputs.read(cell, grid), grid)]
+
+
+def drift_of(locks: CellLocks, grid: Matrix) -> list[str]:
+    """What differs between one cell's folder and a fresh render of it."""
+    try:
+        files = rendered(locks, grid)
+    except MissingLock as error:  # drift; anything else wrong with the input is a UserError
+        return [error.line()]
     problems = []
-    for cell in cells:
-        try:
-            files = rendered(cell, grid)
-        except MissingLock as error:  # drift; anything else wrong with the input is a UserError
-            problems.append(error.line())
-            continue
-        for path, text in files.items():
-            if not path.exists():
-                problems.append(f"{path} is missing")
-            elif path.read_text() != text:
-                problems.append(f"{path} differs from a fresh render")
+    for path, text in files.items():
+        if not path.exists():
+            problems.append(f"{path} is missing")
+        elif path.read_text() != text:
+            problems.append(f"{path} differs from a fresh render")
     return problems
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder import digests, paths
+from builder.lock.requirements import Lockfile
 
 # Helper scripts that RUN steps fetch from the wheelhouse server (see partials/fetch.j2).
 SUPPORT_FILES = tuple(
@@ -34,9 +35,9 @@ def content_key(path: Path) -> str:
     return digests.sha256_file(path)[:16]
 
 
-def lock_page(path: Path) -> str:
+def lock_page(lock: Lockfile) -> str:
     """Where a lock's find-links page (and the lock itself) lives under the server root."""
-    return f"locks/{content_key(path)}/"
+    return f"locks/{lock.sha256[:16]}/"
 
 
 def served_path(path: Path) -> str:
@@ -44,12 +45,10 @@ def served_path(path: Path) -> str:
     return f"files/{content_key(path)}/{path.name}"
 
 
-def lock_ref(path: Path) -> LockRef | None:
-    """A lock as the Dockerfile names it, or None when the cell has no such lock yet."""
-    if not path.exists():
-        return None
-    page = lock_page(path)
-    return LockRef(path.name, page + path.name, digests.sha256_file(path), page)
+def lock_ref(lock: Lockfile) -> LockRef:
+    """A lock as the Dockerfile names it: its URL, its sha256 and its find-links page."""
+    page = lock_page(lock)
+    return LockRef(lock.path.name, page + lock.path.name, lock.sha256, page)
 
 
 def support_files() -> dict[str, ServedFile]:

@@ -57,7 +57,7 @@ def test_the_self_test_passes_and_its_report_is_kept_under_the_image_id(
 
 def test_labels_carry_the_versions_the_lock_resolved(built: BuiltCell) -> None:
     labels = built.client.images.get(built.image_id).labels
-    facts = lock.lock_facts(lock.Lockfile.read(lock.cell_dir(built.cell) / lock.STACK_LOCK))
+    facts = lock.lock_facts(lock.Lockfile.read(built.cell.directory / lock.STACK_LOCK))
     assert labels["io.torch-images.torch"] == facts["torch"] == built.cell.torch.version
     assert labels["io.torch-images.cuda"] == facts["cuda"]
     assert labels["io.torch-images.python"] == built.cell.python
@@ -67,7 +67,7 @@ def test_labels_carry_the_versions_the_lock_resolved(built: BuiltCell) -> None:
 
 def test_the_image_installs_exactly_the_locked_versions(built: BuiltCell) -> None:
     frozen = lock.parse_requirements(built.run("pip", "freeze", "--all", "--exclude", "pip"))
-    locked = lock.Lockfile.read(lock.cell_dir(built.cell) / lock.STACK_LOCK).packages
+    locked = lock.Lockfile.read(built.cell.directory / lock.STACK_LOCK).packages
     assert {name: frozen[name].version for name in locked if name in frozen} == {
         name: package.version for name, package in locked.items()
     }

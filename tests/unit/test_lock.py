@@ -9,6 +9,7 @@ import pytest
 from builder.errors import UserError
 from builder.facts.compat import TorchWheels
 from builder.lock import debian as debs
+from builder.lock import inputs
 from builder.lock import requirements as lock
 from builder.lock.header import with_header
 from builder.plan.matrix import load_matrix
@@ -73,18 +74,18 @@ def test_a_lock_with_other_cuda_libraries_is_refused(tmp_path: Path, matrix_file
 def test_check_reports_a_missing_and_then_a_stale_lock(matrix_file: Path, wheels: TorchWheels) -> None:
     grid = load_matrix(matrix_file, wheels)
     cell = grid.cell("2.9.1-cu12.8-bookworm-runtime")
-    assert "is missing" in lock.check_cell(cell, grid)[0]
-    lock.cell_dir(cell).mkdir(parents=True)
-    path = lock.cell_dir(cell) / lock.STACK_LOCK
+    assert "is missing" in inputs.read(cell, grid).problems[0]
+    cell.directory.mkdir(parents=True)
+    path = cell.directory / lock.STACK_LOCK
     path.write_text(with_header(lock.stack_fingerprint(cell, grid), LOCK_TEXT))
-    assert lock.check_cell(cell, grid) == [
-        f"{lock.cell_dir(cell) / 'debian.lock'} is missing; run `python -m builder lock {cell.name}`"
+    assert list(inputs.read(cell, grid).problems) == [
+        f"{cell.directory / 'debian.lock'} is missing; run `python -m builder lock {cell.name}`"
     ]
-    (lock.cell_dir(cell) / "debian.lock").write_text(debs.DebianLock(("gcc=1",), ()).text(debs.fingerprint(cell)))
-    assert lock.check_cell(cell, grid) == []
+    (cell.directory / "debian.lock").write_text(debs.DebianLock(("gcc=1",), ()).text(debs.fingerprint(cell)))
+    assert inputs.read(cell, grid).problems == ()
     matrix_file.write_text(matrix_file.read_text().replace('glibc: "2.36"', 'glibc: "2.37"'))
     regrid = load_matrix(matrix_file, wheels)
-    assert "out of date with matrix.yaml" in lock.check_cell(regrid.cell(cell.name), regrid)[0]
+    assert "out of date with matrix.yaml" in inputs.read(regrid.cell(cell.name), regrid).problems[0]
 
 
 def test_manylinux_target_is_the_newest_uv_knows_at_or_below_the_base_glibc() -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from builder.facts.compat import TorchWheels
 from builder.lock import debian as debs
+from builder.lock import inputs
 from builder.lock import requirements as lock
 from builder.plan.matrix import Matrix, load_matrix
 from builder.render import render
@@ -24,7 +25,7 @@ DEBIAN = debs.DebianLock(("g++=4:12.2.0-3", "python3=3.11.2-1+b1"), ("htop=3.2.2
 def grid(matrix_file: Path, wheels: TorchWheels) -> Matrix:
     grid = load_matrix(matrix_file, wheels)
     for cell in grid.cells:
-        directory = lock.cell_dir(cell)
+        directory = cell.directory
         directory.mkdir(parents=True)
         (directory / lock.STACK_LOCK).write_text(
             LOCK_TEXT.replace("torch==2.9.1", f"torch=={cell.torch.version}") + NUMPY
@@ -37,7 +38,7 @@ def grid(matrix_file: Path, wheels: TorchWheels) -> Matrix:
 
 @pytest.mark.parametrize("name", ["2.9.1-cu12.8-bookworm-runtime", "2.9.1-cu12.8-bookworm-devel"])
 def test_rendered_dockerfile_matches_the_golden_file(grid: Matrix, name: str) -> None:
-    text = render.rendered(grid.cell(name), grid)[lock.cell_dir(grid.cell(name)) / "Dockerfile"]
+    text = render.rendered(inputs.read(grid.cell(name), grid), grid)[grid.cell(name).directory / "Dockerfile"]
     golden = GOLDEN / f"{name}.Dockerfile"
     if os.environ.get("UPDATE_GOLDEN") == "1":
         golden.write_text(text)
@@ -46,13 +47,13 @@ def test_rendered_dockerfile_matches_the_golden_file(grid: Matrix, name: str) ->
 
 def test_every_generated_file_says_it_is_generated(grid: Matrix) -> None:
     for cell in grid.cells:
-        for path, text in render.rendered(cell, grid).items():
+        for path, text in render.rendered(inputs.read(cell, grid), grid).items():
             assert render.NOTICE in text.splitlines()[0] or render.NOTICE in text[:200], path
 
 
 def test_layers_are_shared_by_cells_that_differ_only_in_flavor(grid: Matrix) -> None:
-    runtime = render.rendered(grid.cell("2.9.1-cu12.8-bookworm-runtime"), grid)
-    devel = render.rendered(grid.cell("2.9.1-cu12.8-bookworm-devel"), grid)
+    runtime = render.rendered(inputs.read(grid.cell("2.9.1-cu12.8-bookworm-runtime"), grid), grid)
+    devel = render.rendered(inputs.read(grid.cell("2.9.1-cu12.8-bookworm-devel"), grid), grid)
     runtime_lines = next(iter(runtime.values())).split("# ---- flavor")[0].splitlines()[4:]
     devel_lines = next(iter(devel.values())).split("# ---- flavor")[0].splitlines()[4:]
     strip = [line.replace("devel", "runtime") for line in devel_lines]
@@ -65,16 +66,16 @@ def test_drift_is_reported_after_a_hand_edit_and_cleared_by_render(grid: Matrix)
     assert len(render.drift(grid.cells, grid)) == 2 * len(grid.cells)  # nothing rendered yet: Dockerfile, spec.json
     render.render(grid.cells, grid)
     assert render.drift(grid.cells, grid) == []
-    dockerfile = lock.cell_dir(grid.cells[0]) / "Dockerfile"
+    dockerfile = grid.cells[0].directory / "Dockerfile"
     dockerfile.write_text(dockerfile.read_text() + "RUN echo hand edit\n")
     assert render.drift(grid.cells, grid) == [f"{dockerfile} differs from a fresh render"]
 
 
 def test_render_without_a_lock_says_to_lock_first(grid: Matrix) -> None:
     cell = grid.cells[0]
-    (lock.cell_dir(cell) / lock.STACK_LOCK).unlink()
+    (cell.directory / lock.STACK_LOCK).unlink()
     assert render.drift([cell], grid) == [
-        f"{lock.cell_dir(cell) / lock.STACK_LOCK} is missing; run `python -m builder lock {cell.name}` first"
+        f"{cell.directory / lock.STACK_LOCK} is missing; run `python -m builder lock {cell.name}` first"
     ]
 
 
@@ -86,13 +87,13 @@ def test_trtllm_flavor_renders_its_system_packages_lock_and_cuda_home(matrix_fil
     matrix_file.write_text(text + 'include:\n  - {torch: "2.7.1", base: bookworm, flavor: trtllm, trtllm: "1.0.0"}\n')
     grid = load_matrix(matrix_file, wheels, RELEASES)
     cell = grid.cell("2.7.1-cu12.4-bookworm-trtllm1.0.0")
-    lock.cell_dir(cell).mkdir(parents=True)
-    (lock.cell_dir(cell) / lock.STACK_LOCK).write_text(LOCK_TEXT.replace("torch==2.9.1", "torch==2.7.1"))
-    (lock.cell_dir(cell) / debs.DEBIAN_LOCK).write_text(
+    cell.directory.mkdir(parents=True)
+    (cell.directory / lock.STACK_LOCK).write_text(LOCK_TEXT.replace("torch==2.9.1", "torch==2.7.1"))
+    (cell.directory / debs.DEBIAN_LOCK).write_text(
         debs.DebianLock(("gcc=4:12.2.0-3",), ("openmpi-bin=4.1.4-3+b1",)).text(debs.fingerprint(cell))
     )
-    (lock.cell_dir(cell) / lock.FLAVOR_LOCK).write_text("tensorrt-llm==1.0.0 --hash=sha256:" + "e" * 64 + "\n")
-    dockerfile = render.rendered(cell, grid)[lock.cell_dir(cell) / "Dockerfile"]
+    (cell.directory / lock.FLAVOR_LOCK).write_text("tensorrt-llm==1.0.0 --hash=sha256:" + "e" * 64 + "\n")
+    dockerfile = render.rendered(inputs.read(cell, grid), grid)[cell.directory / "Dockerfile"]
     flavor_part = dockerfile.split("# ---- flavor trtllm")[1].split("# ---- self-test")[0]
     for expected in ("openmpi-bin=4.1.4-3+b1", "libpython3-dev", "/opt/torch-images/flavor.lock", "CUDA_HOME"):
         assert expected in flavor_part, expected
