@@ -31,7 +31,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from builder.build import build, smoke, wheelchoice, wheelhouse, wheelserver
+from builder.build import backends, build, context, smoke, wheelchoice, wheelhouse, wheelserver
 from builder.engine import bases as base
 from builder.engine import daemon as engine
 from builder.lock import inputs
@@ -75,7 +75,7 @@ def bench_plan_render(path: Path) -> Row:
 def classic_docker_cli() -> str | None:
     """A docker CLI that runs the classic builder (Debian's 20.10 does; a newer CLI without buildx may not)."""
     for candidate in ("/usr/bin/docker", shutil.which("docker")):
-        if candidate and Path(candidate).exists() and build.legacy_docker_cli(candidate):
+        if candidate and Path(candidate).exists() and backends.legacy_docker_cli(candidate):
             return candidate
     return None
 
@@ -94,7 +94,7 @@ def bench_noop_rebuild(grid: matrix.Matrix, cell: Cell, results: list[build.Buil
         return Row("no-op rebuild", "-", "no docker CLI with the classic builder", None, target, None)
     builder_s = min(_seconds(lambda: build.build_cell(client, grid, cell, house, lambda _: None)) for _ in range(3))
     base_ref = base.ensure(client, cell.base, grid.spec.source_date_epoch, lambda _: None)
-    context = build.context_tar(cell, grid.spec.source_date_epoch).getvalue()
+    context_bytes = context.context_tar(cell, grid.spec.source_date_epoch).getvalue()
     reference = "torch-images/bench:noop"
     command = [
         cli, "build", "--quiet", "--network", "host", "--build-arg", f"BASE_IMAGE={base_ref}",
@@ -103,7 +103,7 @@ def bench_noop_rebuild(grid: matrix.Matrix, cell: Cell, results: list[build.Buil
     env = {**os.environ, "DOCKER_BUILDKIT": "0"}  # the classic builder and cache the SDK uses
 
     def docker_build() -> None:
-        subprocess.run(command, input=context, env=env, check=True, capture_output=True)
+        subprocess.run(command, input=context_bytes, env=env, check=True, capture_output=True)
 
     try:
         with wheelserver.serve(house, grid.spec.wheelhouse.listen):
@@ -176,7 +176,9 @@ def _cold_build(grid: matrix.Matrix, cell: Cell, reference: str, settle: bool) -
         base_ref = base.ensure(client, cell.base, epoch, lambda _: None)
         started = time.perf_counter()
         with wheelserver.serve(house, grid.spec.wheelhouse.listen):
-            error = build.engine_build(client, variant, reference, base_ref, lambda _: None, True, epoch, {})
+            error = backends.classic_build(
+                client, backends.BuildRequest(variant, reference, base_ref, epoch, True), lambda _: None
+            )
         seconds = time.perf_counter() - started
     if error:
         raise RuntimeError(f"build of {cell.name} failed: {error}")

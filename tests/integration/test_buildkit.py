@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from builder.build import build, wheelhouse
+from builder.build import backends, build, context, wheelhouse
 from tests.integration.conftest import BuiltCell
 
 pytestmark = pytest.mark.integration
@@ -16,7 +16,7 @@ def _history_comments(built: BuiltCell, image_id: str) -> set[str]:
 
 
 def test_buildkit_builds_the_cell_and_its_torch_runs(built: BuiltCell) -> None:
-    if build.buildkit_command() is None:
+    if backends.buildkit_command() is None:
         pytest.skip("no docker CLI here runs BuildKit builds (Debian's docker.io 20.10 CLI, or one with buildx)")
     reference = f"{built.reference}-buildkit"
     grid, cell = built.grid, built.cell
@@ -39,7 +39,7 @@ def test_buildkit_builds_the_cell_and_its_torch_runs(built: BuiltCell) -> None:
         assert (
             labels[build.BUILD_ID_LABEL]
             == result.build_id
-            != build.build_id(cell, built.client.images.get(cell.base.local_tag).id, "sdk")
+            != context.build_id(cell, built.client.images.get(cell.base.local_tag).id, "sdk")
         )
     finally:
         build.remove_image(built.client, reference)

@@ -1,0 +1,125 @@
+"""The two ways an image is built from a rendered Dockerfile: the engine's classic builder
+through the Docker SDK, or BuildKit through the docker CLI. Both take one BuildRequest and
+return the builder's error ("" on success)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import docker
+
+from builder.build.context import context_tar
+from builder.errors import UserError
+from builder.plan.cell import Cell
+
+Report = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    cell: Cell
+    reference: str  # the tag the built image gets
+    base_reference: str  # the base image, passed as the BASE_IMAGE build argument
+    epoch: int  # SOURCE_DATE_EPOCH: the context's file times
+    no_cache: bool = False
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def dockerfile(self) -> str:
+        return f"images/{self.cell.name}/Dockerfile"
+
+
+def classic_build(engine: docker.DockerClient, request: BuildRequest, report: Report) -> str:
+    """Run the build with the engine's classic builder, reporting each step; returns the
+    engine's error, or "" on success."""
+    cell = request.cell
+    stream = engine.api.build(
+        fileobj=context_tar(cell, request.epoch),
+        custom_context=True,
+        dockerfile=request.dockerfile,
+        tag=request.reference,
+        buildargs={"BASE_IMAGE": request.base_reference},
+        labels=request.labels,
+        network_mode="host",
+        rm=True,
+        forcerm=True,
+        decode=True,
+        nocache=request.no_cache,
+    )
+    last_lines: list[str] = []
+    for chunk in stream:
+        if "error" in chunk:
+            tail = " | ".join(line for line in last_lines[-3:] if line)
+            return f"{chunk['error'].strip()} ({tail})" if tail else chunk["error"].strip()
+        text = chunk.get("stream", "").strip()
+        if text:
+            last_lines = [*last_lines[-5:], text]
+            if re.match(r"^Step \d+/\d+", text):
+                report(f"{cell.name}: {text[:110]}")
+    return ""
+
+
+def legacy_docker_cli(cli: str) -> bool:
+    """Whether a docker CLI predates 23.0: such a CLI (Debian's 20.10) runs the classic builder by
+    default and BuildKit with DOCKER_BUILDKIT=1; later ones run BuildKit only, through buildx."""
+    version = subprocess.run(
+        [cli, "version", "--format", "{{.Client.Version}}"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    return bool(version) and int(version.split(".")[0]) < 23
+
+
+def buildkit_command() -> tuple[list[str], dict[str, str]] | None:
+    """A docker CLI that runs BuildKit builds against this engine, and how to call it.
+
+    Debian's docker.io 20.10 CLI builds with BuildKit when DOCKER_BUILDKIT=1; newer CLIs need
+    the buildx plugin (and refuse BuildKit builds without it).
+    """
+    for cli in dict.fromkeys(["/usr/bin/docker", shutil.which("docker") or ""]):
+        if not cli or not Path(cli).exists():
+            continue
+        if subprocess.run([cli, "buildx", "version"], capture_output=True, check=False).returncode == 0:
+            return [cli, "buildx", "build", "--load"], {}
+        if legacy_docker_cli(cli):
+            return [cli, "build"], {"DOCKER_BUILDKIT": "1"}
+    return None
+
+
+def buildkit_build(request: BuildRequest, report: Report) -> str:
+    """Run the build with BuildKit through the docker CLI; returns the error, or "" on success."""
+    found = buildkit_command()
+    if found is None:
+        raise UserError(
+            "no docker CLI here runs BuildKit builds (Debian's docker.io 20.10 or one with buildx); use --backend sdk"
+        )
+    command, extra_env = found
+    cell = request.cell
+    command = [
+        *command, "--progress", "plain", "--network", "host", "--build-arg", f"BASE_IMAGE={request.base_reference}",
+        "-f", request.dockerfile, "-t", request.reference, *(["--no-cache"] if request.no_cache else []),
+        *(part for key, value in request.labels.items() for part in ("--label", f"{key}={value}")), "-",
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        command,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **extra_env},
+    )
+    assert process.stdin is not None and process.stdout is not None
+    process.stdin.write(context_tar(cell, request.epoch).getvalue())
+    process.stdin.close()
+    last_lines: list[str] = []
+    for raw in process.stdout:
+        line = raw.decode(errors="replace").rstrip()
+        last_lines = [*last_lines[-5:], line]
+        if re.match(r"^#\d+ \[", line):
+            report(f"{cell.name}: {line[:110]}")
+    if process.wait() != 0:
+        return " | ".join(line for line in last_lines[-3:] if line)
+    return ""
