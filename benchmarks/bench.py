@@ -32,8 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from builder.build import backends, build, context, smoke, wheelchoice, wheelhouse, wheelserver
-from builder.engine import bases as base
-from builder.engine import daemon as engine
+from builder.engine import bases, daemon
 from builder.lock import inputs
 from builder.lock import requirements as lock
 from builder.plan import matrix
@@ -42,7 +41,6 @@ from builder.render import render, served
 from builder.spec import schema
 
 console = Console(width=170)
-CPU_CELL = "2.13.0-cpu-bookworm-runtime"
 
 
 @dataclass
@@ -82,7 +80,7 @@ def classic_docker_cli() -> str | None:
 
 def bench_noop_rebuild(grid: matrix.Matrix, cell: Cell, results: list[build.BuildResult]) -> Row:
     """Both sides get the same context (the builder's tar, on stdin for the CLI) and a warm cache."""
-    client = engine.client()
+    client = daemon.client()
     house = wheelhouse.Wheelhouse()
     target = "<= 1.2"
     first = build.build_cell(client, grid, cell, house, lambda _: None)
@@ -93,7 +91,7 @@ def bench_noop_rebuild(grid: matrix.Matrix, cell: Cell, results: list[build.Buil
     if cli is None:
         return Row("no-op rebuild", "-", "no docker CLI with the classic builder", None, target, None)
     builder_s = min(_seconds(lambda: build.build_cell(client, grid, cell, house, lambda _: None)) for _ in range(3))
-    base_ref = base.ensure(client, cell.base, grid.spec.source_date_epoch, lambda _: None)
+    base_ref = bases.ensure(client, cell.base, grid.spec.source_date_epoch, lambda _: None)
     context_bytes = context.context_tar(cell, grid.spec.source_date_epoch).getvalue()
     reference = "torch-images/bench:noop"
     command = [
@@ -162,7 +160,7 @@ def bench_downloads(grid: matrix.Matrix, cells: list[Cell]) -> Row:
 def _cold_build(grid: matrix.Matrix, cell: Cell, reference: str, settle: bool) -> float:
     """One build without cache of the cell as rendered (settle=True) or rendered without its
     settle steps into a scratch folder; returns the seconds the engine took."""
-    client = engine.client()
+    client = daemon.client()
     house = wheelhouse.Wheelhouse()
     epoch = grid.spec.source_date_epoch
     with tempfile.TemporaryDirectory() as scratch:
@@ -173,7 +171,7 @@ def _cold_build(grid: matrix.Matrix, cell: Cell, reference: str, settle: bool) -
             (variant.directory / path.name).write_text(text)
         house.prepare(cell, grid, locks.python_locks)
         house.publish_files(served.SUPPORT_FILES)
-        base_ref = base.ensure(client, cell.base, epoch, lambda _: None)
+        base_ref = bases.ensure(client, cell.base, epoch, lambda _: None)
         started = time.perf_counter()
         with wheelserver.serve(house, grid.spec.wheelhouse.listen):
             error = backends.classic_build(
@@ -188,7 +186,7 @@ def _cold_build(grid: matrix.Matrix, cell: Cell, reference: str, settle: bool) -
 def bench_normalization(grid: matrix.Matrix, cell: Cell, results: list[build.BuildResult]) -> Row:
     """Both sides measured: the cell as shipped (settle steps in every RUN, normalization after)
     and the same cell rendered without settle steps and not normalized, both without cache."""
-    client = engine.client()
+    client = daemon.client()
     target = "<= 1.25"
     plain_reference = "torch-images/bench:plain"
     try:
@@ -213,7 +211,7 @@ def bench_normalization(grid: matrix.Matrix, cell: Cell, results: list[build.Bui
 
 
 def bench_selftest(grid: matrix.Matrix, cell: Cell) -> Row:
-    client = engine.client()
+    client = daemon.client()
     result = smoke.run(client, build.local_reference(grid, cell), gpus=False)
     return Row(
         f"self-test on CPU, {cell.name}",
@@ -230,8 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--matrix", default=str(schema.DEFAULT_MATRIX), help="the matrix file (default: ./matrix.yaml)")
     parser.add_argument(
         "--cell",
-        default=CPU_CELL,
-        help=f"the cell for rebuild, normalization and self-test timings (default: {CPU_CELL})",
+        help="the cell for rebuild, normalization and self-test timings (default: the CPU runtime cell whose "
+        "torch wheel directory exists here, else the flagship)",
     )
     parser.add_argument(
         "--download-cells",
@@ -248,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     grid = matrix.load_matrix(Path(args.matrix))
-    cell = grid.cell(args.cell)
+    cell = grid.cell(args.cell) if args.cell else grid.quick_cell
     rows = [bench_plan_render(Path(args.matrix))]
     results: list[build.BuildResult] = []
     try:
@@ -267,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         if "selftest" not in args.skip:
             rows.append(bench_selftest(grid, cell))
     finally:
-        build.discard_intermediates(engine.client(), results)
+        build.discard_intermediates(daemon.client(), results)
     table = Table(title="torch-images benchmarks")
     for column in ("benchmark", "measured", "reference", "ratio", "target", "ok"):
         table.add_column(column)

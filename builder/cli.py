@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from builder.build import build, smoke, twice, wheelhouse
-from builder.engine import daemon as engine
+from builder.engine import daemon
 from builder.errors import EXIT_USER_ERROR, UserError
 from builder.facts import refresh
 from builder.lock import debian, inputs
@@ -109,18 +109,22 @@ def cmd_lock(args: argparse.Namespace) -> int:
         for problem in problems:
             print(problem)
         return 1 if problems else 0
+    return _lock(grid, cells, args.jobs, args.python_only)
+
+
+def _lock(grid: matrix.Matrix, cells: list[Cell], jobs: int, python_only: bool) -> int:
     failures = []
     locked = []
-    with progress(f"locking {len(cells)} cells, {args.jobs} at a time") as report:
-        for cell, outcome in lock.lock_cells(cells, grid, args.jobs):
+    with progress(f"locking {len(cells)} cells, {jobs} at a time") as report:
+        for cell, outcome in lock.lock_cells(cells, grid, jobs):
             if isinstance(outcome, UserError):  # one cell that cannot resolve must not stop the others
                 failures.append(outcome.line())
             else:
                 locked.append(cell)
                 report(f"{cell.name}: {', '.join(str(p) for p in outcome)}")
-    if locked and not args.python_only:
+    if locked and not python_only:
         with progress("pinning Debian packages (apt resolves in a container of each base)") as report:
-            for cell, path in debian.lock_cells(locked, grid.spec.source_date_epoch, engine.client()):
+            for cell, path in debian.lock_cells(locked, grid.spec.source_date_epoch, daemon.client()):
                 report(f"{cell.name}: {path}")
     for failure in failures:
         console.print(f"[red]error:[/red] {failure}", highlight=False, soft_wrap=True)
@@ -136,6 +140,10 @@ def cmd_render(args: argparse.Namespace) -> int:
         if problems:
             print(f"{grid.images_dir} does not match {grid.path.name} and templates/; run `python -m builder render`")
         return 1 if problems else 0
+    return _render(grid)
+
+
+def _render(grid: matrix.Matrix) -> int:
     written = render.render(grid.cells, grid)
     removed = render.remove_orphans(grid)
     console.print(
@@ -147,8 +155,17 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_update(args: argparse.Namespace) -> int:
+    """compat refresh, lock and render, in that order: each reads what the one before wrote."""
+    if not args.no_refresh:
+        cmd_compat_refresh(args)
+    grid = _matrix(args)  # read again: the refresh may have changed which cells can be built
+    status = _lock(grid, grid.cells, args.jobs, args.python_only)
+    return status or _render(_matrix(args))
+
+
 def cmd_engine(args: argparse.Namespace) -> int:
-    console.print(engine.ensure_running(install=args.install, test_tools=args.test_tools))
+    console.print(daemon.ensure_running(install=args.install, test_tools=args.test_tools))
     return 0
 
 
@@ -157,7 +174,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     cells = _cells(args, grid)
     for cell in cells:  # every cell checked before the first byte reaches the engine
         build.preflight(cell, grid)
-    client = engine.client()
+    client = daemon.client()
     house = wheelhouse.Wheelhouse()
     results: list[build.BuildResult] = []
     try:
@@ -202,7 +219,7 @@ def _build_and_test(
 
 
 def cmd_smoke(args: argparse.Namespace) -> int:
-    client = engine.client()
+    client = daemon.client()
     references = args.targets
     if not references:
         grid = _matrix(args)
@@ -224,7 +241,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     grid = _matrix(args)
     if args.registry:
         grid.spec = grid.spec.model_copy(update={"registry": args.registry})
-    items = publish.publish(engine.client(), grid, _cells(args, grid), lambda text: console.print(text))
+    items = publish.publish(daemon.client(), grid, _cells(args, grid), lambda text: console.print(text))
     for item in items:
         state = "unchanged" if item.unchanged and not item.moved_aliases else "published"
         console.print(
@@ -235,7 +252,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 def cmd_verify_repro(args: argparse.Namespace) -> int:
     grid = _matrix(args)
-    client = engine.client()
+    client = daemon.client()
     house = wheelhouse.Wheelhouse()
     failed = 0
     for cell in _cells(args, grid):
@@ -253,7 +270,7 @@ def cmd_verify_repro(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-NEEDS_NOTHING = "Offline; needs no engine."
+NEEDS_NOTHING = "Offline; needs no daemon."
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -350,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     repro_cmd = command(
         "verify-repro",
         "build cells twice without cache and compare image IDs and layers",
-        "Needs the engine. Default: the flagship, which is about 6 GB and takes minutes per build; name a small "
+        "Needs the daemon. Default: the flagship, which is about 6 GB and takes minutes per build; name a small "
         "cell (such as the CPU one) for a quick check.",
     )
     repro_cmd.add_argument("cells", nargs="*", help="cells to verify (default: the flagship)")
@@ -388,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     compat_sub = compat_cmd.add_subparsers(
         dest="compat_command", required=True, metavar="ACTION", help="refresh: re-read the metadata into data/"
     )
-    refresh = compat_sub.add_parser(
+    refresh_cmd = compat_sub.add_parser(
         "refresh",
         parents=[common],
         help="re-read torch and TensorRT-LLM metadata into data/",
@@ -396,7 +413,25 @@ def build_parser() -> argparse.ArgumentParser:
         "data/torch_wheels.json, and of its TensorRT-LLM versions into data/trtllm.json. Needs the indexes "
         "(PyPI); writes those two files.",
     )
-    refresh.set_defaults(func=cmd_compat_refresh)
+    refresh_cmd.set_defaults(func=cmd_compat_refresh)
+
+    update_cmd = command(
+        "update",
+        "regenerate everything generated from the matrix: compat refresh, then lock, then render",
+        "The one command to run after editing matrix.yaml, data/flavors.yaml or templates/; commit what it "
+        "changes (CI's `render --check` and `lock --check` fail until you do). Needs the package indexes, and "
+        "for Debian pins the engine and the distro mirror.",
+    )
+    update_cmd.add_argument(
+        "--no-refresh",
+        action="store_true",
+        help="keep data/torch_wheels.json and data/trtllm.json as they are (default: re-read them first)",
+    )
+    update_cmd.add_argument("--jobs", type=int, default=4, help="cells resolved at once (default: 4)")
+    update_cmd.add_argument(
+        "--python-only", action="store_true", help="skip the Debian pins (then no engine is needed)"
+    )
+    update_cmd.set_defaults(func=cmd_update)
     return parser
 
 

@@ -21,7 +21,7 @@ from builder import times
 from builder.build import backends, wheelhouse, wheelserver
 from builder.build.backends import BuildRequest
 from builder.build.context import build_id
-from builder.engine import bases as base
+from builder.engine import bases
 from builder.errors import UserError
 from builder.lock import inputs
 from builder.lock.inputs import CellLocks
@@ -95,7 +95,7 @@ def build_cell(
     result = BuildResult(cell.name, reference)
     started = time.monotonic()
     locks = preflight(cell, grid)
-    base_reference = base.ensure(engine, cell.base, grid.spec.source_date_epoch, report)
+    base_reference = bases.ensure(engine, cell.base, grid.spec.source_date_epoch, report)
     result.build_id = build_id(cell, engine.images.get(base_reference).id, backend)
     normalized_at = times.iso_utc(grid.spec.source_date_epoch).removesuffix("Z") if normalize else None
     existing = None if no_cache else _existing_build(engine, reference, result.build_id, normalized_at)
@@ -122,7 +122,7 @@ def build_cell(
         return result
     raw_id = engine.images.get(reference).id
     if normalize:
-        base_layers = base.layer_count(engine, base_reference)
+        base_layers = bases.layer_count(engine, base_reference)
         normalized = repro.normalize_image(engine, reference, epoch, base_layers, report)
         if normalized != raw_id:
             result.intermediate = raw_id

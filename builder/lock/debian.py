@@ -22,7 +22,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from builder.engine import bases as base
+from builder.engine import bases
 from builder.errors import Location, UserError
 from builder.lock.header import read_text, split, with_header
 from builder.plan.cell import Cell
@@ -98,11 +98,11 @@ def _simulate(engine: docker.DockerClient, image: str, packages: list[str]) -> l
 
 
 def resolve(engine: docker.DockerClient, cell: Cell, epoch: int, memo: dict[tuple[str, ...], list[str]]) -> DebianLock:
-    """Resolve the cell's Debian packages against the mirror, in a container of its base.
+    """Resolve the cell's Debian packages against the mirror, in a container of its bases.
 
     `memo` shares resolutions between cells of one base (runtime and devel share the common set).
     """
-    image = base.ensure(engine, cell.base, epoch, lambda _: None)
+    image = bases.ensure(engine, cell.base, epoch, lambda _: None)
     table = flavor.load()
 
     def simulated(packages: list[str]) -> list[str]:

@@ -17,6 +17,7 @@ from builder.facts.compat import TorchWheels, TrtllmRelease, load_trtllm
 from builder.plan.cell import BaseImage, Cell
 from builder.spec import flavor as flavors
 from builder.spec import grammar
+from builder.spec.env import expand_env
 from builder.spec.schema import DEFAULT_MATRIX, BaseSpec, IndexSpec, MatrixSpec, Selector, images_folder, parse
 from builder.spec.yamlsource import FieldPath, SourceMap, dotted
 
@@ -54,6 +55,18 @@ class Matrix:
     @property
     def flagship(self) -> Cell:
         return next(cell for cell in self.cells if cell.flagship)
+
+    @property
+    def quick_cell(self) -> Cell:
+        """The cell tests and benchmarks build by default: a CPU runtime whose torch wheel is in
+        a local directory that exists here (about 1.5 GB, no download of torch), else the flagship."""
+        for cell in self.cells:
+            if cell.is_cuda or cell.flavor != "runtime":
+                continue
+            links = [Path(expand_env(p)) for p in self.index(cell.index).find_links]
+            if links and all(p.is_dir() and any(p.glob("torch-*.whl")) for p in links):
+                return cell
+        return self.flagship
 
     def index(self, name: str) -> IndexSpec:
         return self.spec.indexes[name]

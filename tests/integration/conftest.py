@@ -19,14 +19,12 @@ import docker.errors
 import pytest
 
 from builder.build import build, smoke, wheelhouse
-from builder.engine import daemon as engine
+from builder.engine import daemon
 from builder.plan import matrix
 from builder.plan.cell import Cell
-from builder.spec import env
 from tests import engine_state
 
 REPO = Path(__file__).resolve().parents[2]
-CPU_CELL = "2.13.0-cpu-bookworm-runtime"
 
 
 @dataclass
@@ -45,21 +43,14 @@ class BuiltCell:
 
 
 def _pick_cell(grid: matrix.Matrix, wanted: str | None) -> Cell:
-    if wanted:
-        return grid.cell(wanted)
-    cpu = next((c for c in grid.cells if c.name == CPU_CELL), None)
-    if cpu is not None:
-        links = [Path(env.expand_env(p)) for p in grid.index(cpu.index).find_links]
-        if all(p.is_dir() and list(p.glob("torch-*.whl")) for p in links):
-            return cpu
-    return grid.flagship
+    return grid.cell(wanted) if wanted else grid.quick_cell
 
 
 @pytest.fixture(scope="session")
 def client() -> Iterator[docker.DockerClient]:
-    if not engine.answers():
-        pytest.fail(f"integration tests need a Docker engine at {engine.socket_name()}; `nox -s tests` starts one")
-    engine_client = engine.client()
+    if not daemon.answers():
+        pytest.fail(f"integration tests need a Docker engine at {daemon.socket_name()}; `nox -s tests` starts one")
+    engine_client = daemon.client()
     before = engine_state.image_ids(engine_client)
     yield engine_client
     engine_state.remove_added_images(engine_client, before)
@@ -77,5 +68,28 @@ def built(client: docker.DockerClient, pytestconfig: pytest.Config) -> Iterator[
 
 
 @pytest.fixture(scope="session")
+def built_devel(built: BuiltCell) -> BuiltCell:
+    """The devel sibling of the built runtime cell (same torch, base and locks' stack), built on
+    the runtime's steps."""
+    sibling = built.cell.name.replace("-runtime", "-devel")
+    cell = next((c for c in built.grid.cells if c.name == sibling), None)
+    if cell is None:
+        pytest.skip(f"the matrix has no devel sibling of {built.cell.name}")
+    result = build.build_cell(built.client, built.grid, cell, wheelhouse.Wheelhouse(), print)
+    assert result.status in ("built", "unchanged"), result.detail
+    return BuiltCell(built.grid, cell, build.local_reference(built.grid, cell), result.image_id, built.client)
+
+
+_smoke_results: dict[str, smoke.SmokeResult] = {}
+
+
+def smoke_of(image: BuiltCell) -> smoke.SmokeResult:
+    """The self-test of an image, run once per session (it takes about 30 s on a CPU)."""
+    if image.image_id not in _smoke_results:
+        _smoke_results[image.image_id] = smoke.run(image.client, image.reference, gpus=False)
+    return _smoke_results[image.image_id]
+
+
+@pytest.fixture(scope="session")
 def smoke_result(built: BuiltCell) -> smoke.SmokeResult:
-    return smoke.run(built.client, built.reference, gpus=False)
+    return smoke_of(built)

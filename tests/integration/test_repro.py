@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from builder.build import build, wheelhouse
-from builder.engine import bases as base
+from builder.engine import bases
 from builder.repro import normalize, verify
 from tests.integration.conftest import BuiltCell
 
@@ -18,9 +18,9 @@ def test_bootstrapping_the_base_twice_gives_the_same_image_id(built: BuiltCell) 
     twin = dataclasses.replace(built.cell.base, name=f"{built.cell.base.name}-repro-test")
     epoch = built.grid.spec.source_date_epoch
     try:
-        first = base.bootstrap(built.client, twin, epoch, lambda _: None)
+        first = bases.bootstrap(built.client, twin, epoch, lambda _: None)
         built.client.images.remove(twin.local_tag, force=True)
-        second = base.bootstrap(built.client, twin, epoch, lambda _: None)
+        second = bases.bootstrap(built.client, twin, epoch, lambda _: None)
         assert first == second
         assert built.client.images.get(second).attrs["Created"].startswith("2024-12-02T00:00:00")
     finally:
@@ -37,7 +37,7 @@ def test_a_rebuild_without_cache_gives_the_same_image_and_layers(built: BuiltCel
     assert again.status == "built", again.detail
     raw_layers = layers(built, again.image_id)
     epoch = built.grid.spec.source_date_epoch
-    keep = base.layer_count(built.client, base.ensure(built.client, built.cell.base, epoch, print))
+    keep = bases.layer_count(built.client, bases.ensure(built.client, built.cell.base, epoch, print))
     normalized = normalize.normalize_image(built.client, again.reference, epoch, keep, print)
     verdict = verify.compare(built.client, built.cell.name, built.image_id, normalized)
     assert verdict.differences == {} and verdict.reproducible

@@ -13,6 +13,7 @@ import pytest
 from rich.console import Console
 
 from builder import cli
+from builder.engine import daemon
 from builder.errors import UserError
 from builder.facts.compat import TorchWheels
 from builder.plan.matrix import load_matrix
@@ -118,8 +119,29 @@ def test_paths_do_not_depend_on_the_working_directory(tmp_path: Path) -> None:
 
 
 def test_the_engine_command_lists_what_it_would_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    from builder.engine import daemon as engine
 
-    monkeypatch.setattr(engine, "_program_missing", lambda program: program in ("docker-registry", "htpasswd"))
-    assert engine.missing_packages(test_tools=False) == []
-    assert engine.missing_packages(test_tools=True) == ["docker-registry", "apache2-utils"]
+    monkeypatch.setattr(daemon, "_program_missing", lambda program: program in ("docker-registry", "htpasswd"))
+    assert daemon.missing_packages(test_tools=False) == []
+    assert daemon.missing_packages(test_tools=True) == ["docker-registry", "apache2-utils"]
+
+
+def test_update_refreshes_then_locks_then_renders_reading_the_matrix_after_the_refresh(
+    monkeypatch: pytest.MonkeyPatch, matrix_file: Path, wheels: TorchWheels
+) -> None:
+    # The stages themselves have their own tests (and `update` was run for real on the shipped
+    # matrix); this is the order, and that lock sees the cells the refreshed facts allow.
+    calls: list[str] = []
+    refreshed = TorchWheels({"pypi": {k: v for k, v in wheels.table["pypi"].items() if k == "2.9.1"}})
+    facts = [wheels]
+    monkeypatch.setattr(cli.matrix.TorchWheels, "load", staticmethod(lambda: facts[-1]))
+    monkeypatch.setattr(cli.refresh, "refresh", lambda spec, report: calls.append("refresh") or facts.append(refreshed))
+    monkeypatch.setattr(
+        cli, "_lock", lambda grid, cells, jobs, python_only: calls.append(f"lock {len(cells)} {python_only}") or 0
+    )
+    monkeypatch.setattr(cli, "_render", lambda grid: calls.append(f"render {len(grid.cells)}") or 0)
+    assert cli.main(["--matrix", str(matrix_file), "update", "--python-only"]) == 0
+    torch_291_cells = len([c for c in load_matrix(matrix_file, wheels).cells if c.torch.version == "2.9.1"])
+    assert calls == ["refresh", f"lock {torch_291_cells} True", f"render {torch_291_cells}"]
+    calls.clear()
+    assert cli.main(["--matrix", str(matrix_file), "update", "--no-refresh"]) == 0
+    assert calls[0].startswith("lock ") and "refresh" not in calls

@@ -8,8 +8,7 @@ import pytest
 
 from builder.errors import UserError
 from builder.facts.compat import TorchWheels
-from builder.lock import debian as debs
-from builder.lock import inputs
+from builder.lock import debian, inputs
 from builder.lock import requirements as lock
 from builder.lock.header import with_header
 from builder.plan.matrix import load_matrix
@@ -81,7 +80,7 @@ def test_check_reports_a_missing_and_then_a_stale_lock(matrix_file: Path, wheels
     assert list(inputs.read(cell, grid).problems) == [
         f"{cell.directory / 'debian.lock'} is missing; run `python -m builder lock {cell.name}`"
     ]
-    (cell.directory / "debian.lock").write_text(debs.DebianLock(("gcc=1",), ()).text(debs.fingerprint(cell)))
+    (cell.directory / "debian.lock").write_text(debian.DebianLock(("gcc=1",), ()).text(debian.fingerprint(cell)))
     assert inputs.read(cell, grid).problems == ()
     matrix_file.write_text(matrix_file.read_text().replace('glibc: "2.36"', 'glibc: "2.37"'))
     regrid = load_matrix(matrix_file, wheels)

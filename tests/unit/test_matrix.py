@@ -125,6 +125,24 @@ def test_include_adds_a_cpu_cell_from_another_index(matrix_file: Path, wheels: T
     )
 
 
+def test_the_quick_cell_is_the_cpu_runtime_only_where_its_wheel_directory_has_torch(
+    matrix_file: Path, wheels: TorchWheels, tmp_path: Path
+) -> None:
+    directory = tmp_path / "wheels"
+    text = matrix_file.read_text().replace(
+        'indexes:\n  pypi: {url: "https://pypi.org/simple"}',
+        f'indexes:\n  pypi: {{url: "https://pypi.org/simple"}}\n  local-cpu: {{find_links: ["{directory}"]}}',
+    )
+    matrix_file.write_text(
+        text + 'include:\n  - {torch: "2.13.0", cuda: cpu, base: bookworm, flavor: runtime, index: local-cpu}\n'
+    )
+    assert load_matrix(matrix_file, wheels).quick_cell.name == "2.9.1-cu12.8-bookworm-runtime"  # no directory
+    directory.mkdir()
+    assert load_matrix(matrix_file, wheels).quick_cell.name == "2.9.1-cu12.8-bookworm-runtime"  # no torch in it
+    (directory / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"")
+    assert load_matrix(matrix_file, wheels).quick_cell.name == "2.13.0-cpu-bookworm-runtime"
+
+
 # ---------------------------------------------------------------- validation rules
 
 

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from builder.facts.compat import TorchWheels
-from builder.lock import debian as debs
-from builder.lock import inputs
+from builder.lock import debian, inputs
 from builder.lock import requirements as lock
 from builder.plan.matrix import Matrix, load_matrix
 from builder.render import render
@@ -18,7 +17,7 @@ from tests.unit.test_lock import LOCK_TEXT
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 NUMPY = "numpy==2.4.6 --hash=sha256:" + "c" * 64 + "\n"
-DEBIAN = debs.DebianLock(("g++=4:12.2.0-3", "python3=3.11.2-1+b1"), ("htop=3.2.2-2",))
+DEBIAN = debian.DebianLock(("g++=4:12.2.0-3", "python3=3.11.2-1+b1"), ("htop=3.2.2-2",))
 
 
 @pytest.fixture
@@ -30,7 +29,7 @@ def grid(matrix_file: Path, wheels: TorchWheels) -> Matrix:
         (directory / lock.STACK_LOCK).write_text(
             LOCK_TEXT.replace("torch==2.9.1", f"torch=={cell.torch.version}") + NUMPY
         )
-        (directory / debs.DEBIAN_LOCK).write_text(DEBIAN.text(debs.fingerprint(cell)))
+        (directory / debian.DEBIAN_LOCK).write_text(DEBIAN.text(debian.fingerprint(cell)))
         if cell.flavor == "devel":
             (directory / lock.FLAVOR_LOCK).write_text("py-spy==0.4.3 --hash=sha256:" + "d" * 64 + "\n")
     return grid
@@ -89,8 +88,8 @@ def test_trtllm_flavor_renders_its_system_packages_lock_and_cuda_home(matrix_fil
     cell = grid.cell("2.7.1-cu12.4-bookworm-trtllm1.0.0")
     cell.directory.mkdir(parents=True)
     (cell.directory / lock.STACK_LOCK).write_text(LOCK_TEXT.replace("torch==2.9.1", "torch==2.7.1"))
-    (cell.directory / debs.DEBIAN_LOCK).write_text(
-        debs.DebianLock(("gcc=4:12.2.0-3",), ("openmpi-bin=4.1.4-3+b1",)).text(debs.fingerprint(cell))
+    (cell.directory / debian.DEBIAN_LOCK).write_text(
+        debian.DebianLock(("gcc=4:12.2.0-3",), ("openmpi-bin=4.1.4-3+b1",)).text(debian.fingerprint(cell))
     )
     (cell.directory / lock.FLAVOR_LOCK).write_text("tensorrt-llm==1.0.0 --hash=sha256:" + "e" * 64 + "\n")
     dockerfile = render.rendered(inputs.read(cell, grid), grid)[cell.directory / "Dockerfile"]

@@ -1,0 +1,258 @@
+"""The runtime image, built on the real engine: what users get when they run or extend it.
+
+The tests are methods of TestRuntimeImage and take the image as the `image` fixture, so an
+image built FROM the same stack (devel, in ../devel/) inherits them all by subclassing and
+giving its own image (as jupyter/docker-stacks' tests by image do). Which cell is built is
+`--cell` (see tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import functools
+import hashlib
+import http.server
+import io
+import json
+import subprocess
+import threading
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from builder.build import smoke
+from builder.engine import bases
+from builder.lock import requirements as lock
+from tests import image_checks
+from tests.integration.conftest import BuiltCell, smoke_of
+
+pytestmark = pytest.mark.integration
+
+
+HOST_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+
+
+def _wheel(name: str, version: str, requires: list[str]) -> tuple[str, bytes]:
+    """A minimal valid wheel: enough for pip to resolve and install it."""
+    dist_info = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": f"__version__ = '{version}'\n".encode(),
+        f"{dist_info}/METADATA": (
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+            + "".join(f"Requires-Dist: {r}\n" for r in requires)
+        ).encode(),
+        f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    rows = io.StringIO()
+    writer = csv.writer(rows)
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        writer.writerow([path, f"sha256={digest}", len(data)])
+    writer.writerow([f"{dist_info}/RECORD", "", ""])
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for path, data in files.items():
+            archive.writestr(path, data)
+        archive.writestr(f"{dist_info}/RECORD", rows.getvalue())
+    return f"{name}-{version}-py3-none-any.whl", buffer.getvalue()
+
+
+@pytest.fixture
+def tempting_index(tmp_path: Path) -> Iterator[str]:
+    """A loopback index offering a newer 'torch' and a package that wants the newest torch."""
+    for name, version, requires in [("torch", "99.0.0", []), ("needs_torch", "1.0", ["torch>=2"])]:
+        filename, data = _wheel(name, version, requires)
+        (tmp_path / filename).write_bytes(data)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    handler.log_message = lambda *args: None  # type: ignore[method-assign, assignment]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+
+
+def _downstream_torch_version(image: BuiltCell, index: str, tmp_path: Path, extra_env: str) -> str:
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {image.image_id}\n"
+        f"RUN {extra_env} pip install --no-index --find-links {index} --upgrade --upgrade-strategy eager needs_torch\n"
+        'CMD ["python", "-c", "import torch, needs_torch; print(torch.__version__)"]\n'
+    )
+    image, _ = image.client.images.build(path=str(tmp_path), network_mode="host", rm=True, forcerm=True)
+    try:
+        output: bytes = image.client.containers.run(image.id, remove=True, network_mode="none")
+        return output.decode().strip()
+    finally:
+        image.client.images.remove(image.id, force=True)
+
+
+class TestRuntimeImage:
+    @pytest.fixture
+    def image(self, built: BuiltCell) -> BuiltCell:
+        return built
+
+    @pytest.fixture
+    def smoke_result(self, image: BuiltCell) -> smoke.SmokeResult:
+        return smoke_of(image)
+
+    def test_torch_imports_and_a_compiled_function_runs_inside_the_image(self, image: BuiltCell) -> None:
+        program = (
+            "import torch\n"
+            "f = torch.compile(lambda x: torch.sin(x) * 2 + x.cos())\n"
+            "x = torch.randn(64)\n"
+            "assert torch.allclose(f(x), torch.sin(x) * 2 + x.cos(), atol=1e-5)\n"
+            "print(torch.__version__)\n"
+        )
+        assert image.run("python", "-c", program).strip() == image.cell.torch.version
+
+    def test_the_self_test_passes_and_its_report_is_kept_under_the_image_id(
+        self, smoke_result: smoke.SmokeResult, image: BuiltCell
+    ) -> None:
+        assert smoke_result.status == "pass", smoke_result.summary
+        checks = {c["check"]: c["status"] for c in smoke_result.report["checks"]}
+        assert checks == {
+            "environment": "pass",
+            "torch.compile": "pass",
+            "amp": "pass",
+            "sdpa": "pass",
+            "throughput": "pass",
+            "distributed": "pass",
+            "tensorrt-llm": "skip",  # not a trtllm image
+        }
+        assert smoke.passing_report(image.image_id) is not None
+        assert smoke_result.path == smoke.report_path(image.image_id)
+
+    def test_report_json_is_what_the_image_printed(self, smoke_result: smoke.SmokeResult) -> None:
+        stored = json.loads(smoke_result.path.read_text())
+        assert stored["image_id"] == smoke_result.image_id and stored["status"] == smoke_result.report["status"]
+
+    def test_labels_carry_the_versions_the_lock_resolved(self, image: BuiltCell) -> None:
+        labels = image.client.images.get(image.image_id).labels
+        facts = lock.lock_facts(lock.Lockfile.read(image.cell.directory / lock.STACK_LOCK))
+        assert labels["io.torch-images.torch"] == facts["torch"] == image.cell.torch.version
+        assert labels["io.torch-images.cuda"] == facts["cuda"]
+        assert labels["io.torch-images.python"] == image.cell.python
+        assert labels["io.torch-images.glibc"] == image.cell.base.glibc
+        assert labels["org.opencontainers.image.version"] == image.cell.tag
+
+    def test_the_image_installs_exactly_the_locked_versions(self, image: BuiltCell) -> None:
+        frozen = lock.parse_requirements(image.run("pip", "freeze", "--all", "--exclude", "pip"))
+        locked = lock.Lockfile.read(image.cell.directory / lock.STACK_LOCK).packages
+        assert {name: frozen[name].version for name in locked if name in frozen} == {
+            name: package.version for name, package in locked.items()
+        }
+
+    def test_no_wheel_file_or_pip_cache_is_left_in_the_image(self, image: BuiltCell) -> None:
+        # Debian's python3-venv ships pip's own wheels for ensurepip; anything else is ours and leaked.
+        found = image.run(
+            "sh",
+            "-c",
+            "find / -xdev \\( -name '*.whl' -o -path '*/.cache/pip' -o -path '/root/.cache' \\) -print 2>/dev/null"
+            ' | while read -r path; do dpkg -S "$path" >/dev/null 2>&1 || echo "$path"; done',
+        )
+        assert found.strip() == "", f"files no Debian package owns: {found}"
+
+    def test_no_certificate_the_host_trusts_beyond_the_images_bundle_is_in_any_layer(self, image: BuiltCell) -> None:
+        if not HOST_BUNDLE.exists():
+            pytest.skip(f"this host has no {HOST_BUNDLE}")
+        image_bundle = image.run("cat", str(HOST_BUNDLE)).encode()
+        extra = image_checks.host_only_certificates(HOST_BUNDLE.read_bytes(), image_bundle)
+        if not extra:
+            pytest.skip("this host trusts no certificate beyond the image's own bundle: nothing to look for")
+        assert image_checks.find_in_layers(image.client, image.image_id, image_checks.needles(extra)) == []
+
+    def test_each_cuda_and_cudnn_library_is_stored_once(self, image: BuiltCell) -> None:
+        # Byte-identical shared libraries must be one file (hard links); no CUDA library may come twice
+        # from two sources (a CUDA base image plus the wheels, say). The check itself is shown to
+        # catch both in tests/unit/test_image_checks.py.
+        listing = image.run("sh", "-c", image_checks.library_listing())
+        assert image_checks.duplicated_libraries(listing) == []
+        names = image_checks.library_names(listing)
+        if image.cell.is_cuda:
+            for library in ("libcudnn.so", "libcublas", "libnccl.so", "libtorch_cuda.so"):
+                assert any(n.startswith(library) for n in names), f"{library} is missing from a CUDA image"
+        else:
+            assert "libtorch_cpu.so" in names
+
+    def test_the_standard_library_is_complete_as_python_image_users_expect(self, image: BuiltCell) -> None:
+        # What docker-library's python-imports test checks in the official Python images.
+        program = (
+            "import bz2, curses, dbm.gnu, lzma, readline, sqlite3, ssl, zlib, ctypes, uuid\n"
+            "data = b'IT WORKS IT WORKS IT WORKS'\n"
+            "assert bz2.decompress(bz2.compress(data)) == data\n"
+            "assert lzma.decompress(lzma.compress(data)) == data\n"
+            "assert zlib.decompress(zlib.compress(data)) == data\n"
+            "print('ok')\n"
+        )
+        assert image.run("python", "-c", program).strip() == "ok"
+
+    def test_library_check_resolves_torch_and_catches_a_missing_dependency(self, image: BuiltCell) -> None:
+        # Positive: every library torch ships resolves in the image (the driver's libcuda aside).
+        # Negative control: a library linked against one that is then deleted is reported.
+        program = (
+            "import json, subprocess, sys, tempfile, os\n"
+            "sys.path.insert(0, '/opt/torch-images')\n"
+            "import selftest, torch\n"
+            "lib = os.path.join(os.path.dirname(torch.__file__), 'lib')\n"
+            "work = tempfile.mkdtemp()\n"
+            "src = os.path.join(work, 'x.c'); open(src, 'w').write('int ghost(void); int f(void){return ghost();}')\n"
+            "open(os.path.join(work, 'g.c'), 'w').write('int ghost(void){return 1;}')\n"
+            "subprocess.run(['gcc', '-shared', '-fPIC', '-o', os.path.join(work, 'libghost.so'),"
+            " os.path.join(work, 'g.c')], check=True)\n"
+            "subprocess.run(['gcc', '-shared', '-fPIC', '-o', os.path.join(work, 'libneeds.so'), src,"
+            " '-L' + work, '-lghost'], check=True)\n"
+            "os.remove(os.path.join(work, 'libghost.so'))\n"
+            "print(json.dumps([selftest.unresolved_libraries([lib]), selftest.unresolved_libraries([work])]))\n"
+        )
+        torch_problems, ghost_problems = json.loads(image.run("python", "-c", program).strip().splitlines()[-1])
+        assert torch_problems == {}
+        assert list(ghost_problems.values()) == [["libghost.so"]]
+
+    def test_downstream_pip_install_cannot_replace_the_locked_torch(
+        self, image: BuiltCell, tempting_index: str, tmp_path: Path
+    ) -> None:
+        (tmp_path / "guarded").mkdir()
+        assert _downstream_torch_version(image, tempting_index, tmp_path / "guarded", "") == image.cell.torch.version
+        # Control: with the image's constraints switched off the same install does replace torch,
+        # so the check above is the constraints at work and not pip being lazy.
+        (tmp_path / "unguarded").mkdir()
+        assert _downstream_torch_version(image, tempting_index, tmp_path / "unguarded", "PIP_CONSTRAINT=") == "99.0.0"
+
+    def test_a_from_build_of_the_image_runs_torch(self, image: BuiltCell, tmp_path: Path) -> None:
+        (tmp_path / "Dockerfile").write_text(
+            f'FROM {image.image_id}\nRUN python -c "import torch; print(torch.ones(2).sum().item())" > /answer\n'
+        )
+        image, _ = image.client.images.build(path=str(tmp_path), rm=True, forcerm=True, network_mode="none")
+        try:
+            assert image.client.containers.run(image.id, ["cat", "/answer"], remove=True).decode().strip() == "2.0"
+        finally:
+            image.client.images.remove(image.id, force=True)
+
+
+# ---------------------------------------------------------------- controls for the checks above (one image is enough)
+
+
+def test_the_layer_search_finds_a_certificate_a_later_layer_deleted(built: BuiltCell, tmp_path: Path) -> None:
+    # The control for the certificate test above: a file added in one layer and deleted in the
+    # next is invisible in a container but still in the image, and the search finds it.
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(tmp_path / "k.pem"),
+         "-out", str(tmp_path / "planted.pem"), "-days", "1", "-subj", "/CN=planted"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    base_reference = bases.ensure(built.client, built.cell.base, built.grid.spec.source_date_epoch, print)
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {base_reference}\nCOPY planted.pem /etc/ssl/planted.pem\nRUN rm /etc/ssl/planted.pem\n"
+    )
+    image, _ = built.client.images.build(path=str(tmp_path), rm=True, forcerm=True, network_mode="none")
+    try:
+        gone = built.client.containers.run(image.id, ["sh", "-c", "test -e /etc/ssl/planted.pem || echo gone"])
+        assert gone.decode().strip() == "gone"
+        planted = image_checks.certificates((tmp_path / "planted.pem").read_bytes())
+        found = image_checks.find_in_layers(built.client, image.id, image_checks.needles(planted))
+        assert len(found) == 1 and found[0].endswith(": etc/ssl/planted.pem"), found
+    finally:
+        built.client.images.remove(image.id, force=True)
