@@ -224,7 +224,7 @@ def bench_selftest(grid: matrix.Matrix, cell: Cell) -> Row:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m builder.bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="nox -s bench --", description=__doc__.split("\n\n")[0])
     parser.add_argument("--matrix", default=str(schema.DEFAULT_MATRIX), help="the matrix file (default: ./matrix.yaml)")
     parser.add_argument(
         "--cell",

@@ -19,6 +19,9 @@ def test_an_installed_builder_plans_and_checks_the_repository_from_another_direc
     )  # fmt: skip
     assert (target / "builder" / "_templates" / "Dockerfile.j2").is_file()
     assert (target / "builder" / "_data" / "torch_wheels.json").is_file()
+    assert (target / "builder" / "_image" / "selftest.py").is_file()  # the build context's COPY sources
+    assert (target / "builder" / "_image" / "gpu_peaks.json").is_file()
+    assert (target / "builder" / "build" / "build.py").is_file()  # every stage's package ships
     assert not (target / "builder" / "_templates" / "__pycache__").exists()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -30,7 +33,7 @@ def test_an_installed_builder_plans_and_checks_the_repository_from_another_direc
         )  # fmt: skip
         assert result.returncode == 0, (command, result.stdout[-500:], result.stderr[-500:])
     located = subprocess.run(
-        [sys.executable, "-c", "from builder import paths; print(paths.TEMPLATES)"],
+        [sys.executable, "-c", "from builder import paths; print(paths.TEMPLATES, paths.SELFTEST)"],
         capture_output=True, text=True, cwd=elsewhere, env=env, check=True,
-    ).stdout.strip()  # fmt: skip
-    assert located == str(target / "builder" / "_templates")
+    ).stdout.split()  # fmt: skip
+    assert located == [str(target / "builder" / "_templates"), str(target / "builder" / "_image" / "selftest.py")]
