@@ -9,7 +9,11 @@ Targets (issues' wording):
   wheelhouse, against the index's sizes of their distinct files: 1.0, every file once;
 - the self-test on a CPU-only machine: under 180 s per image;
 - a cold build with the settle steps and normalization against a cold build of the same cell
-  rendered without settle steps and not normalized: at most 1.25.
+  rendered without settle steps and not normalized: at most 1.25;
+- the flagship runtime's uncompressed size against a naive Dockerfile (Debian's Python, a venv,
+  `pip install torch`) from the same base and wheels: at most 0.85, and at most 5.6 GB; no
+  layer above 2 GB; push and pull through a loopback registry, its split layers against the
+  same files in one layer: not slower; compressed sizes reported.
 Nothing here is asserted in tests: timings are machine-dependent and belong in a report. The
 command exits 1 when a target is missed.
 """
@@ -18,25 +22,31 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import docker
 from rich.console import Console
 from rich.table import Table
 
-from builder.build import backends, build, context, smoke, wheelchoice, wheelhouse, wheelserver
+from builder.build import backends, build, context, size, smoke, wheelchoice, wheelhouse, wheelserver
 from builder.engine import bases, daemon
 from builder.lock import inputs
 from builder.lock import requirements as lock
 from builder.plan import matrix
 from builder.plan.cell import Cell
+from builder.publish import loopback
+from builder.publish.registry import Registry
 from builder.render import render, served
 from builder.spec import schema
 
@@ -223,6 +233,144 @@ def bench_selftest(grid: matrix.Matrix, cell: Cell) -> Row:
     )
 
 
+NAIVE_DOCKERFILE = Path(__file__).resolve().parent / "naive.Dockerfile"
+SIZE_TARGET, LAYER_TARGET, NAIVE_RATIO = 5.6e9, 2e9, 0.85
+
+
+def bench_size(grid: matrix.Matrix, results: list[build.BuildResult]) -> list[Row]:
+    """The flagship runtime as built against the naive Dockerfile from the same base and wheels;
+    its largest layer; then push and pull through a loopback registry, split layers against the
+    same files in one layer, and compressed sizes (issue 12's targets)."""
+    client = daemon.client()
+    cell = grid.flagship
+    shipped = build.build_cell(client, grid, cell, wheelhouse.Wheelhouse(), lambda _: None)
+    results.append(shipped)
+    if shipped.status not in ("built", "unchanged"):
+        return [Row("flagship size", "build failed", shipped.detail, None, "-", False)]
+    naive = _naive_size(grid, cell)
+    ratio = shipped.size_bytes / naive
+    largest = max(size for _, size in shipped.layers)
+    rows = [
+        Row(
+            f"uncompressed size, {cell.name}",
+            size.human(shipped.size_bytes),
+            f"naive Dockerfile {size.human(naive)}",
+            ratio,
+            f"<= {NAIVE_RATIO} and <= {size.human(SIZE_TARGET)}",
+            ratio <= NAIVE_RATIO and shipped.size_bytes <= SIZE_TARGET,
+        ),
+        Row(
+            "largest layer",
+            size.human(largest),
+            f"{len(shipped.layers)} layers: " + ", ".join(size.human(b) for _, b in shipped.layers),
+            None,
+            f"<= {size.human(LAYER_TARGET)}",
+            largest <= LAYER_TARGET,
+        ),
+    ]
+    build.discard_intermediates(client, results)  # they hold the same layers: a pull would skip them
+    return rows + _push_and_pull(client, shipped.reference, cell.base.local_tag)
+
+
+def _naive_size(grid: matrix.Matrix, cell: Cell) -> int:
+    client = daemon.client()
+    house = wheelhouse.Wheelhouse()
+    locks = inputs.read(cell, grid)
+    assert locks.stack is not None
+    house.prepare(cell, grid, locks.python_locks)
+    base_reference = bases.ensure(client, cell.base, grid.spec.source_date_epoch, lambda _: None)
+    reference = "torch-images/bench:naive"
+    listen = grid.spec.wheelhouse.listen
+    try:
+        with wheelserver.serve(house, listen):
+            image, _ = client.images.build(
+                path=str(NAIVE_DOCKERFILE.parent),
+                dockerfile=NAIVE_DOCKERFILE.name,
+                buildargs={
+                    "BASE_IMAGE": base_reference,
+                    "FIND_LINKS": f"http://{listen}/{served.lock_page(locks.stack)}",
+                    "TORCH": cell.torch.version,
+                },
+                tag=reference,
+                network_mode="host",
+                rm=True,
+                forcerm=True,
+            )
+        return int(image.attrs["Size"])
+    finally:
+        build.remove_image(client, reference)
+
+
+def _one_layer_copy(client: docker.DockerClient, reference: str, target: str) -> None:
+    """The same files as `reference` in a single layer (`docker export | docker import`)."""
+    container = client.containers.create(reference)
+    try:
+        repository, tag = target.rsplit(":", 1)
+        stream = container.export(chunk_size=1 << 20)
+        client.api.import_image(src=stream, repository=repository, tag=tag, stream_src=True)
+    finally:
+        container.remove(force=True)
+
+
+def _push_and_pull(client: docker.DockerClient, reference: str, base_reference: str) -> list[Row]:
+    one_layer = "torch-images/bench:one-layer"
+    _one_layer_copy(client, reference, one_layer)
+    seconds: dict[tuple[str, str], float] = {}
+    compressed: dict[str, list[int]] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        base_archive = Path(scratch, "base.tar")
+        with base_archive.open("wb") as sink:  # the base shares the bottom layer: kept aside, not pulled
+            for chunk in client.images.get(base_reference).save(chunk_size=1 << 20):
+                sink.write(chunk)
+        with loopback.registry(Path(scratch, "registry")) as host:
+            for name, local in (("split", reference), ("one-layer", one_layer)):
+                client.images.get(local).tag(f"{host}/bench", name)
+                seconds["push", name] = _seconds(functools.partial(_push, client, f"{host}/bench", name))
+                manifest = Registry(host).manifest("bench", name)
+                assert manifest is not None
+                compressed[name] = [layer["size"] for layer in json.loads(manifest.body)["layers"]]
+            for image in (reference, one_layer, base_reference, f"{host}/bench:split", f"{host}/bench:one-layer"):
+                build.remove_image(client, image)
+            for name in ("split", "one-layer"):
+                seconds["pull", name] = _seconds(functools.partial(client.images.pull, f"{host}/bench", tag=name))
+            client.images.get(f"{host}/bench:split").tag(*reference.rsplit(":", 1))
+            for image in (one_layer, f"{host}/bench:split", f"{host}/bench:one-layer"):
+                build.remove_image(client, image)
+        with base_archive.open("rb") as saved:
+            client.images.load(saved)
+    rows = []
+    for action in ("push", "pull"):
+        ratio = seconds[action, "split"] / seconds[action, "one-layer"]
+        rows.append(
+            Row(
+                f"{action} through a loopback registry, {len(compressed['split'])} layers",
+                f"{seconds[action, 'split']:.0f} s",
+                f"same files in one layer {seconds[action, 'one-layer']:.0f} s",
+                ratio,
+                "<= 1.0 (split not slower)",
+                ratio <= 1.0,
+            )
+        )
+    rows.append(
+        Row(
+            "compressed size in the registry",
+            f"{size.human(sum(compressed['split']))}: " + ", ".join(size.human(b) for b in compressed["split"]),
+            f"one layer {size.human(sum(compressed['one-layer']))}",
+            sum(compressed["split"]) / sum(compressed["one-layer"]),
+            "reported",
+            None,
+        )
+    )
+    return rows
+
+
+def _push(client: docker.DockerClient, repository: str, tag: str) -> None:
+    stream: Iterator[dict[str, Any]] = client.images.push(repository, tag, stream=True, decode=True)
+    for chunk in stream:
+        if "error" in chunk:
+            raise RuntimeError(chunk["error"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nox -s bench --", description=__doc__.split("\n\n")[0])
     parser.add_argument("--matrix", default=str(schema.DEFAULT_MATRIX), help="the matrix file (default: ./matrix.yaml)")
@@ -241,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         "--skip",
         action="append",
         default=[],
-        choices=["rebuild", "lock", "downloads", "selftest", "normalize"],
+        choices=["rebuild", "lock", "downloads", "selftest", "normalize", "size"],
         help="leave a benchmark out (repeatable)",
     )
     args = parser.parse_args(argv)
@@ -264,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(bench_normalization(grid, cell, results))
         if "selftest" not in args.skip:
             rows.append(bench_selftest(grid, cell))
+        if "size" not in args.skip:
+            rows += bench_size(grid, results)
     finally:
         build.discard_intermediates(daemon.client(), results)
     table = Table(title="torch-images benchmarks")

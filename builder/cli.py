@@ -15,7 +15,7 @@ import docker
 from rich.console import Console
 from rich.table import Table
 
-from builder.build import build, smoke, twice, wheelhouse
+from builder.build import build, size, smoke, twice, wheelhouse
 from builder.engine import daemon
 from builder.errors import EXIT_USER_ERROR, UserError
 from builder.facts import refresh
@@ -200,6 +200,8 @@ def _build_and_test(
 ) -> build.BuildResult:
     with progress(f"{cell.name}: starting") as report:
         result = build.build_cell(client, grid, cell, house, report, args.no_cache, not args.no_normalize, args.backend)
+        if result.layers:
+            report(f"{cell.name}: layers " + ", ".join(size.human(b) for _, b in result.layers))
         if result.status in ("built", "unchanged") and not args.no_smoke:
             known = smoke.passing_report(result.image_id)
             if known is not None:
@@ -235,6 +237,31 @@ def cmd_smoke(args: argparse.Namespace) -> int:
         console.print(f"{reference}: self-test {verdict.status} ({verdict.summary}); report: {verdict.path}")
         failed += verdict.status != "pass"
     return 1 if failed else 0
+
+
+def cmd_size(args: argparse.Namespace) -> int:
+    client = daemon.client()
+    grid = _matrix(args)
+    target = args.target or grid.flagship.name
+    reference = (
+        target if ":" in target or target.startswith("sha256:") else build.local_reference(grid, grid.cell(target))
+    )
+    try:
+        image_id = client.images.get(reference).id
+    except docker.errors.ImageNotFound:
+        raise UserError(
+            f"no image {reference} in the engine; build it first (`python -m builder build {target}`)"
+        ) from None
+    with progress(f"{reference}: reading its layers"):
+        layers = size.layers(client, image_id)
+    table = Table(title=f"{reference}: {size.human(sum(layer.size for layer in layers))} uncompressed")
+    for column in ("layer", "size", "step", "largest inside"):
+        table.add_column(column)
+    for layer in layers:
+        largest = "\n".join(f"{size.human(b):>9}  {name}" for name, b in layer.largest(args.top))
+        table.add_row(str(layer.index), size.human(layer.size), layer.step[:60], largest)
+    Console(width=200).print(table)
+    return 0
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
@@ -373,6 +400,15 @@ def build_parser() -> argparse.ArgumentParser:
     repro_cmd.add_argument("cells", nargs="*", help="cells to verify (default: the flagship)")
     repro_cmd.add_argument("--all", action="store_true", help="every buildable cell (hours)")
     repro_cmd.set_defaults(func=cmd_verify_repro)
+
+    size_cmd = command(
+        "size",
+        "a built image's layers: each one's size, the step that wrote it, and the largest packages inside",
+        "Needs the engine and the built image; reads it once through `docker save`. Sizes are uncompressed.",
+    )
+    size_cmd.add_argument("target", nargs="?", help="a cell name or an image reference (default: the flagship)")
+    size_cmd.add_argument("--top", type=int, default=5, help="packages or folders listed per layer (default: 5)")
+    size_cmd.set_defaults(func=cmd_size)
 
     smoke_cmd = command(
         "smoke",

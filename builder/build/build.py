@@ -11,14 +11,14 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import docker
 import docker.errors
 import docker.models.images
 
 from builder import times
-from builder.build import backends, wheelhouse, wheelserver
+from builder.build import backends, size, wheelhouse, wheelserver
 from builder.build.backends import BuildRequest
 from builder.build.context import build_id
 from builder.engine import bases
@@ -46,6 +46,7 @@ class BuildResult:
     detail: str = ""
     build_id: str = ""
     intermediate: str = ""  # the engine's image before normalization, when it differs from the result
+    layers: list[tuple[str, int]] = field(default_factory=list)  # (step, bytes) of each layer, bottom first
 
 
 def local_reference(grid: Matrix, cell: Cell) -> str:
@@ -103,7 +104,7 @@ def build_cell(
         report(f"{cell.name}: unchanged since its last build (build ID {result.build_id[:12]})")
         result.image_id, result.size_bytes, result.status = existing.id, int(existing.attrs["Size"]), "unchanged"
         result.seconds = time.monotonic() - started
-        return result
+        return _within_budget(engine, grid, cell, result)
     report(f"{cell.name}: fetching and verifying wheels")
     house.report = report
     house.prepare(cell, grid, locks.python_locks)
@@ -129,6 +130,16 @@ def build_cell(
         result.seconds = time.monotonic() - started
     image = engine.images.get(reference)
     result.image_id, result.size_bytes, result.status = image.id, int(image.attrs["Size"]), "built"
+    return _within_budget(engine, grid, cell, result)
+
+
+def _within_budget(engine: docker.DockerClient, grid: Matrix, cell: Cell, result: BuildResult) -> BuildResult:
+    """Record the layers' sizes; an image over its flavor's budget (matrix.yaml `budgets:`) fails."""
+    result.layers = size.layer_sizes(engine, result.image_id)
+    budget = grid.spec.budgets.get(cell.flavor)
+    problem = size.over_budget(engine, result.image_id, cell.flavor, budget) if budget else ""
+    if problem:
+        result.status, result.detail = "failed: over budget", problem
     return result
 
 

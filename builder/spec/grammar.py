@@ -61,6 +61,16 @@ PYTHON_VERSION = Grammar(
     "a PEP 440 version such as 2.15.0 or 2.13.0+cpu",
 )
 SHA256 = Grammar(r"[0-9a-f]{64}", "64 lower-case hex digits")
+# Image and layer sizes in decimal units, as `docker images` prints them.
+SIZE = Grammar(r"[0-9]+(\.[0-9]+)? ?(MB|GB)", 'a size such as "5.6 GB" or "800 MB"')
+
+
+def size_bytes(text: str) -> int:
+    """A SIZE in bytes (decimal units: 1 GB = 10^9 bytes)."""
+    number, unit = re.fullmatch(r"([0-9.]+) ?(MB|GB)", text).groups()  # type: ignore[union-attr]
+    return round(float(number) * (10**9 if unit == "GB" else 10**6))
+
+
 # Variables a matrix may expand in find_links, as the README names them.
 ENV_VARIABLES = ("TORCH_WHEEL_DIR", "TRTLLM_WHEEL_DIR")
 ENV_REFERENCE = re.compile(r"\$\{(\w+)(?::-([^}$]*))?\}")

@@ -30,7 +30,7 @@ HINTS = {
     f"^(?:{g.pattern})$": g.hint
     for g in (
         grammar.VERSION, grammar.CUDA, grammar.NAME, grammar.DIGEST, grammar.URL, grammar.LOOPBACK,
-        grammar.REGISTRY, grammar.REPOSITORY, grammar.RELATIVE_DIR, grammar.FIND_LINKS,
+        grammar.REGISTRY, grammar.REPOSITORY, grammar.RELATIVE_DIR, grammar.FIND_LINKS, grammar.SIZE,
     )
 }  # fmt: skip
 Version = Annotated[str, _field(grammar.VERSION)]
@@ -43,6 +43,7 @@ RegistryHost = Annotated[str, _field(grammar.REGISTRY)]
 Repository = Annotated[str, _field(grammar.REPOSITORY)]
 RelativeDir = Annotated[str, _field(grammar.RELATIVE_DIR)]
 FindLinks = Annotated[str, _field(grammar.FIND_LINKS)]
+Size = Annotated[str, _field(grammar.SIZE)]
 
 
 class Strict(BaseModel):
@@ -101,6 +102,13 @@ class AliasSpec(Strict):
     where: Selector = Selector()
 
 
+class BudgetSpec(Strict):
+    """Most an image of a flavor may take, uncompressed: in all (base included), and per layer."""
+
+    total: Size | None = None
+    layer: Size | None = None
+
+
 class WheelhouseSpec(Strict):
     listen: Loopback = "127.0.0.1:8741"
 
@@ -114,6 +122,7 @@ class MatrixSpec(Strict):
     flagship: Selector
     source_date_epoch: Annotated[int, Field(ge=0, lt=2**32)]
     wheelhouse: WheelhouseSpec = WheelhouseSpec()
+    budgets: dict[Name, BudgetSpec] = {}  # flavor -> its size budget
     bases: dict[Name, BaseSpec]
     indexes: dict[Name, IndexSpec]
     defaults: Selector = Selector()
@@ -193,6 +202,8 @@ def _check_references(spec: MatrixSpec, source: SourceMap) -> None:
         check((*where, "base"), "base", selector.base, list(spec.bases))
         check((*where, "flavor"), "flavor", selector.flavor, known_flavors)
         check((*where, "index"), "index", selector.index, list(spec.indexes))
+    for name in spec.budgets:
+        check(("budgets", name), "flavor", name, known_flavors)
     if spec.axes:
         for i, base in enumerate(spec.axes.base):
             check(("axes", "base", i), "base", base, list(spec.bases))

@@ -18,6 +18,20 @@ ENV DEBIAN_FRONTEND=noninteractive \
 # stubs), Python headers, and the openssl binary Inductor uses to checksum its precompiled
 # header. Every package at the version debian.lock pins, dependencies included.
 RUN mkdir -p /tmp/apt/lists/partial /tmp/apt/cache/archives/partial \
+ && printf '%s\n' \
+      'path-exclude=/usr/share/doc/*' \
+      'path-include=/usr/share/doc/*/copyright' \
+      'path-exclude=/usr/share/man/*' \
+      'path-exclude=/usr/share/info/*' \
+      'path-exclude=/usr/share/lintian/*' \
+      'path-exclude=/usr/share/locale/*' \
+      'path-exclude=/usr/bin/*-linux-gnu-lto-dump-*' \
+      'path-exclude=/usr/lib/*-linux-gnu/libc.a' \
+      'path-exclude=/usr/lib/gcc/*-linux-gnu/*/libstdc++.a' \
+      'path-exclude=/usr/lib/python3*/config-*/libpython3*.a' \
+      'path-exclude=/usr/lib/*-linux-gnu/libpython3*.a' \
+      'path-exclude=/usr/lib/gcc/*-linux-gnu/*/lib*san.a' \
+      > /etc/dpkg/dpkg.cfg.d/torch-images \
  && apt-get -o Dir::State::Lists=/tmp/apt/lists -o Dir::Cache=/tmp/apt/cache update \
  && apt-get -o Dir::State::Lists=/tmp/apt/lists -o Dir::Cache=/tmp/apt/cache \
       install -y --no-install-recommends \
@@ -30,8 +44,9 @@ RUN mkdir -p /tmp/apt/lists/partial /tmp/apt/cache/archives/partial \
  && sh /opt/torch-images/settle-layer.sh
 
 # ---- python: the distro's Python in a virtual environment on PATH ----------------------
-# The environment is made in the torch stack's step below: pip there replaces the
-# setuptools that venv bundles, which in a layer of its own would leave whiteouts behind.
+# The environment is made in the torch stack's first step below, which also installs the
+# setuptools the lock pins: replacing the one venv bundles in a later layer would leave
+# whiteouts behind.
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -39,17 +54,127 @@ ENV VIRTUAL_ENV=/opt/venv \
 
 # ---- torch stack: exactly the files requirements.lock names, verified by sha256 ---------
 # Wheels come from the host's wheelhouse over loopback (build with host networking): no
-# wheel file, pip cache or host certificate enters a layer.
+# wheel file, pip cache or host certificate enters a layer. One layer per package group
+# (data/layout.yaml), so no layer holds the whole stack:
+#   cudnn: nvidia-cudnn-cu12
+#   cuda-runtime: nvidia-cuda-runtime-cu12, nvidia-nccl-cu12
+#   triton: triton
+#   torch: torch
+#   rest: numpy
 RUN python3 -m venv /opt/venv \
  && python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
-      http://127.0.0.1:8741/files/5f140d03b34ffe5b/hardlink-duplicates.py /opt/torch-images/hardlink-duplicates.py \
- && echo "5f140d03b34ffe5beee0c60ef7456859eecabb15532632a62ea1d0fe166d1faf  /opt/torch-images/hardlink-duplicates.py" | sha256sum --check --quiet \
+      http://127.0.0.1:8741/files/d6190d4aef350c03/hardlink-duplicates.py /opt/torch-images/hardlink-duplicates.py \
+ && echo "d6190d4aef350c0303c2643033010f3910f89f0f0d92ee4b25ceabd4f5c4622e  /opt/torch-images/hardlink-duplicates.py" | sha256sum --check --quiet \
  && python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
-      http://127.0.0.1:8741/locks/ae1268101eddcc01/requirements.lock /opt/torch-images/requirements.lock \
- && echo "ae1268101eddcc01f02267e64a66cb62635943c0331feae5161242e4f0acba6e  /opt/torch-images/requirements.lock" | sha256sum --check --quiet \
+      http://127.0.0.1:8741/files/c87b79d729a4faaf/lock-subset.py /opt/torch-images/lock-subset.py \
+ && echo "c87b79d729a4faafd7c2922ae2e65fe0e53b4e4f589e84381fbae2534900b8dd  /opt/torch-images/lock-subset.py" | sha256sum --check --quiet \
+ && python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
+      http://127.0.0.1:8741/files/a3f382c8b7f98f1b/prune-paths.py /opt/torch-images/prune-paths.py \
+ && echo "a3f382c8b7f98f1b29c295c3dafb80a8fda3b97a636dec4153b7c427e10c08b1  /opt/torch-images/prune-paths.py" | sha256sum --check --quiet \
+ && python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
+      http://127.0.0.1:8741/locks/ae1268101eddcc01/requirements.lock /tmp/requirements.lock \
+ && echo "ae1268101eddcc01f02267e64a66cb62635943c0331feae5161242e4f0acba6e  /tmp/requirements.lock" | sha256sum --check --quiet \
+ && python /opt/torch-images/lock-subset.py /tmp/requirements.lock \
+      nvidia-cudnn-cu12 \
+      > /tmp/group.txt \
  && pip install --no-index --no-cache-dir --require-hashes --no-deps \
       --find-links http://127.0.0.1:8741/locks/ae1268101eddcc01/ \
-      -r /opt/torch-images/requirements.lock \
+      -r /tmp/group.txt \
+ && python /opt/torch-images/prune-paths.py /opt/venv/lib/python3.11/site-packages \
+      'triton/backends/amd' \
+      'triton/backends/nvidia/lib/cupti*/*_static.a' \
+      'triton/instrumentation/libGPUInstrumentationTestLib.so' \
+      'nvidia/cu*/lib/libcusolverMg.so*' \
+      'torch/bin/protoc*' \
+      'numpy/**/tests' \
+      'sympy/**/tests' \
+      'networkx/**/tests' \
+      'mpmath/tests' \
+ && python /opt/torch-images/hardlink-duplicates.py /opt/venv \
+ && sh /opt/torch-images/settle-layer.sh
+RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
+      http://127.0.0.1:8741/locks/ae1268101eddcc01/requirements.lock /tmp/requirements.lock \
+ && echo "ae1268101eddcc01f02267e64a66cb62635943c0331feae5161242e4f0acba6e  /tmp/requirements.lock" | sha256sum --check --quiet \
+ && python /opt/torch-images/lock-subset.py /tmp/requirements.lock \
+      nvidia-cuda-runtime-cu12 nvidia-nccl-cu12 \
+      > /tmp/group.txt \
+ && pip install --no-index --no-cache-dir --require-hashes --no-deps \
+      --find-links http://127.0.0.1:8741/locks/ae1268101eddcc01/ \
+      -r /tmp/group.txt \
+ && python /opt/torch-images/prune-paths.py /opt/venv/lib/python3.11/site-packages \
+      'triton/backends/amd' \
+      'triton/backends/nvidia/lib/cupti*/*_static.a' \
+      'triton/instrumentation/libGPUInstrumentationTestLib.so' \
+      'nvidia/cu*/lib/libcusolverMg.so*' \
+      'torch/bin/protoc*' \
+      'numpy/**/tests' \
+      'sympy/**/tests' \
+      'networkx/**/tests' \
+      'mpmath/tests' \
+ && python /opt/torch-images/hardlink-duplicates.py /opt/venv \
+ && sh /opt/torch-images/settle-layer.sh
+RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
+      http://127.0.0.1:8741/locks/ae1268101eddcc01/requirements.lock /tmp/requirements.lock \
+ && echo "ae1268101eddcc01f02267e64a66cb62635943c0331feae5161242e4f0acba6e  /tmp/requirements.lock" | sha256sum --check --quiet \
+ && python /opt/torch-images/lock-subset.py /tmp/requirements.lock \
+      triton \
+      > /tmp/group.txt \
+ && pip install --no-index --no-cache-dir --require-hashes --no-deps \
+      --find-links http://127.0.0.1:8741/locks/ae1268101eddcc01/ \
+      -r /tmp/group.txt \
+ && python /opt/torch-images/prune-paths.py /opt/venv/lib/python3.11/site-packages \
+      'triton/backends/amd' \
+      'triton/backends/nvidia/lib/cupti*/*_static.a' \
+      'triton/instrumentation/libGPUInstrumentationTestLib.so' \
+      'nvidia/cu*/lib/libcusolverMg.so*' \
+      'torch/bin/protoc*' \
+      'numpy/**/tests' \
+      'sympy/**/tests' \
+      'networkx/**/tests' \
+      'mpmath/tests' \
+ && python /opt/torch-images/hardlink-duplicates.py /opt/venv \
+ && sh /opt/torch-images/settle-layer.sh
+RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
+      http://127.0.0.1:8741/locks/ae1268101eddcc01/requirements.lock /tmp/requirements.lock \
+ && echo "ae1268101eddcc01f02267e64a66cb62635943c0331feae5161242e4f0acba6e  /tmp/requirements.lock" | sha256sum --check --quiet \
+ && python /opt/torch-images/lock-subset.py /tmp/requirements.lock \
+      torch \
+      > /tmp/group.txt \
+ && pip install --no-index --no-cache-dir --require-hashes --no-deps \
+      --find-links http://127.0.0.1:8741/locks/ae1268101eddcc01/ \
+      -r /tmp/group.txt \
+ && python /opt/torch-images/prune-paths.py /opt/venv/lib/python3.11/site-packages \
+      'triton/backends/amd' \
+      'triton/backends/nvidia/lib/cupti*/*_static.a' \
+      'triton/instrumentation/libGPUInstrumentationTestLib.so' \
+      'nvidia/cu*/lib/libcusolverMg.so*' \
+      'torch/bin/protoc*' \
+      'numpy/**/tests' \
+      'sympy/**/tests' \
+      'networkx/**/tests' \
+      'mpmath/tests' \
+ && python /opt/torch-images/hardlink-duplicates.py /opt/venv \
+ && sh /opt/torch-images/settle-layer.sh
+RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
+      http://127.0.0.1:8741/locks/ae1268101eddcc01/requirements.lock /tmp/requirements.lock \
+ && echo "ae1268101eddcc01f02267e64a66cb62635943c0331feae5161242e4f0acba6e  /tmp/requirements.lock" | sha256sum --check --quiet \
+ && python /opt/torch-images/lock-subset.py /tmp/requirements.lock \
+      numpy \
+      > /tmp/group.txt \
+ && pip install --no-index --no-cache-dir --require-hashes --no-deps \
+      --find-links http://127.0.0.1:8741/locks/ae1268101eddcc01/ \
+      -r /tmp/group.txt \
+ && python /opt/torch-images/prune-paths.py /opt/venv/lib/python3.11/site-packages \
+      'triton/backends/amd' \
+      'triton/backends/nvidia/lib/cupti*/*_static.a' \
+      'triton/instrumentation/libGPUInstrumentationTestLib.so' \
+      'nvidia/cu*/lib/libcusolverMg.so*' \
+      'torch/bin/protoc*' \
+      'numpy/**/tests' \
+      'sympy/**/tests' \
+      'networkx/**/tests' \
+      'mpmath/tests' \
+ && cp /tmp/requirements.lock /opt/torch-images/requirements.lock \
  && pip freeze --all --exclude pip > /opt/torch-images/constraints.txt \
  && python /opt/torch-images/hardlink-duplicates.py /opt/venv \
  && sh /opt/torch-images/settle-layer.sh
@@ -68,12 +193,22 @@ RUN mkdir -p /tmp/apt/lists/partial /tmp/apt/cache/archives/partial \
       htop=3.2.2-2 \
  && sh /opt/torch-images/settle-layer.sh
 RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
-      http://127.0.0.1:8741/locks/0c23c7684652b8db/flavor.lock /opt/torch-images/flavor.lock \
- && echo "0c23c7684652b8db4a5888149bc24d484ddc46ce55ae0aaf585e54f919002296  /opt/torch-images/flavor.lock" | sha256sum --check --quiet \
+      http://127.0.0.1:8741/locks/0c23c7684652b8db/flavor.lock /tmp/flavor.lock \
+ && echo "0c23c7684652b8db4a5888149bc24d484ddc46ce55ae0aaf585e54f919002296  /tmp/flavor.lock" | sha256sum --check --quiet \
  && pip install --no-index --no-cache-dir --require-hashes --no-deps \
       --find-links http://127.0.0.1:8741/locks/0c23c7684652b8db/ \
-      -r /opt/torch-images/flavor.lock \
- && pip freeze --all --exclude pip > /opt/torch-images/constraints.txt \
+      -r /tmp/flavor.lock \
+ && python /opt/torch-images/prune-paths.py /opt/venv/lib/python3.11/site-packages \
+      'triton/backends/amd' \
+      'triton/backends/nvidia/lib/cupti*/*_static.a' \
+      'triton/instrumentation/libGPUInstrumentationTestLib.so' \
+      'nvidia/cu*/lib/libcusolverMg.so*' \
+      'torch/bin/protoc*' \
+      'numpy/**/tests' \
+      'sympy/**/tests' \
+      'networkx/**/tests' \
+      'mpmath/tests' \
+ && cp /tmp/flavor.lock /opt/torch-images/flavor.lock \
  && python /opt/torch-images/hardlink-duplicates.py /opt/venv \
  && sh /opt/torch-images/settle-layer.sh
 # One CUDA tree made of links into the wheels: CUDA_HOME for torch.utils.cpp_extension,

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
-import shutil
-import socket
-import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,12 +15,11 @@ import pytest
 from builder.build import smoke
 from builder.errors import UserError
 from builder.plan.matrix import Matrix
-from builder.publish import publish
+from builder.publish import loopback, publish
 from builder.publish.registry import Registry
 from tests.integration.conftest import BuiltCell
 
 pytestmark = pytest.mark.integration
-REGISTRY_BINARY = shutil.which("docker-registry") or "/usr/bin/docker-registry"
 
 
 @dataclass
@@ -35,50 +32,18 @@ class RunningRegistry:
         return Registry(self.host, self.user, self.password, retries=1, backoff_s=0.1)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture
 def start_registry(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
-    if not Path(REGISTRY_BINARY).exists():
-        pytest.fail("docker-registry is not installed; .ci/run installs Debian's docker-registry")
-    processes: list[subprocess.Popen[bytes]] = []
+    if not Path(loopback.REGISTRY_BINARY).exists():
+        pytest.fail("docker-registry is not installed; `nox -s tests` installs Debian's docker-registry")
+    with contextlib.ExitStack() as running:
+        started = itertools.count()
 
-    def start(user: str | None = None, password: str | None = None) -> RunningRegistry:
-        port = _free_port()
-        root = tmp_path / f"registry-{port}"
-        root.mkdir()
-        auth = ""
-        if user:
-            entry = subprocess.run(
-                ["htpasswd", "-Bbn", user, password or ""], capture_output=True, text=True, check=True
-            )
-            (root / "htpasswd").write_text(entry.stdout)
-            auth = f"auth:\n  htpasswd:\n    realm: test\n    path: {root / 'htpasswd'}\n"
-        (root / "config.yml").write_text(
-            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n"
-            f"    rootdirectory: {root / 'data'}\n  delete:\n    enabled: true\n"
-            f"http:\n  addr: 127.0.0.1:{port}\n{auth}"
-        )
-        log = (root / "registry.log").open("wb")
-        processes.append(subprocess.Popen([REGISTRY_BINARY, "serve", str(root / "config.yml")], stdout=log, stderr=log))
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1)
-                break
-            except urllib.error.HTTPError:
-                break  # 401 from an authenticating registry: it is up
-            except OSError:
-                time.sleep(0.1)
-        return RunningRegistry(f"127.0.0.1:{port}", user, password)
+        def start(user: str | None = None, password: str | None = None) -> RunningRegistry:
+            root = tmp_path / f"registry-{next(started)}"
+            return RunningRegistry(running.enter_context(loopback.registry(root, user, password)), user, password)
 
-    yield start
-    for process in processes:
-        process.terminate()
-        process.wait(timeout=10)
+        yield start
 
 
 def _grid_for(built: BuiltCell, registry: RunningRegistry) -> Matrix:
@@ -206,7 +171,7 @@ def test_an_image_without_a_passing_self_test_is_refused_and_nothing_is_pushed(
 def test_a_registry_that_is_down_is_a_clear_error_after_retries(
     built: BuiltCell, smoke_result: smoke.SmokeResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    down = RunningRegistry(f"127.0.0.1:{_free_port()}")
+    down = RunningRegistry(f"127.0.0.1:{loopback.free_port()}")
     started = time.monotonic()
     with pytest.raises(UserError, match=r"did not answer after 5 tries"):
         _publish(built, down, tmp_path, monkeypatch)

@@ -271,3 +271,16 @@ def test_cli_prints_one_line_and_exits_2_without_traceback(matrix_file: Path) ->
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in result.stderr
     assert re.match(rf"error: {re.escape(str(matrix_file))}:\d+: registryy: unknown key", lines[0])
+
+
+def test_size_budgets_are_per_known_flavor_in_decimal_units(matrix_file: Path, wheels: TorchWheels) -> None:
+    text = matrix_file.read_text()
+    matrix_file.write_text(text + 'budgets:\n  runtime: {total: "5.6 GB", layer: "800 MB"}\n')
+    budget = load_matrix(matrix_file, wheels).spec.budgets["runtime"]
+    assert (budget.total, budget.layer) == ("5.6 GB", "800 MB")
+    matrix_file.write_text(text + 'budgets:\n  runtime: {total: "5.6GiB"}\n')
+    with pytest.raises(UserError, match=r"budgets\.runtime\.total: '5\.6GiB' is not valid; write a size such as"):
+        load_matrix(matrix_file, wheels)
+    matrix_file.write_text(text + 'budgets:\n  slim: {total: "5 GB"}\n')
+    with pytest.raises(UserError, match=r"unknown flavor 'slim'"):
+        load_matrix(matrix_file, wheels)

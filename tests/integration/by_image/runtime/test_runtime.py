@@ -60,8 +60,7 @@ def _wheel(name: str, version: str, requires: list[str]) -> tuple[str, bytes]:
     return f"{name}-{version}-py3-none-any.whl", buffer.getvalue()
 
 
-@pytest.fixture
-def tempting_index(tmp_path: Path) -> Iterator[str]:
+def _tempting_index(tmp_path: Path) -> Iterator[str]:
     """A loopback index offering a newer 'torch' and a package that wants the newest torch."""
     for name, version, requires in [("torch", "99.0.0", []), ("needs_torch", "1.0", ["torch>=2"])]:
         filename, data = _wheel(name, version, requires)
@@ -97,6 +96,12 @@ class TestRuntimeImage:
     @pytest.fixture
     def smoke_result(self, image: BuiltCell) -> smoke.SmokeResult:
         return smoke_of(image)
+
+    # Fixtures a test of this class takes are methods of it, so that subclasses in other
+    # modules (devel) find them too.
+    @pytest.fixture
+    def tempting_index(self, tmp_path: Path) -> Iterator[str]:
+        yield from _tempting_index(tmp_path)
 
     def test_torch_imports_and_a_compiled_function_runs_inside_the_image(self, image: BuiltCell) -> None:
         program = (
@@ -249,7 +254,9 @@ def test_the_layer_search_finds_a_certificate_a_later_layer_deleted(built: Built
     )
     image, _ = built.client.images.build(path=str(tmp_path), rm=True, forcerm=True, network_mode="none")
     try:
-        gone = built.client.containers.run(image.id, ["sh", "-c", "test -e /etc/ssl/planted.pem || echo gone"])
+        gone = built.client.containers.run(
+            image.id, ["sh", "-c", "test -e /etc/ssl/planted.pem || echo gone"], remove=True
+        )
         assert gone.decode().strip() == "gone"
         planted = image_checks.certificates((tmp_path / "planted.pem").read_bytes())
         found = image_checks.find_in_layers(built.client, image.id, image_checks.needles(planted))

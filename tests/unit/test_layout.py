@@ -1,0 +1,95 @@
+"""data/layout.yaml: the torch stack's layers by package group, and what is pruned, validated."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from builder import paths
+from builder.build import size
+from builder.errors import UserError
+from builder.spec import layout
+
+SCRIPTS = paths.TEMPLATES / "scripts"
+
+
+def test_the_shipped_layout_splits_the_flagship_stack_with_no_group_above_two_gigabytes() -> None:
+    names = ["nvidia-cudnn-cu13", "nvidia-cublas", "nvidia-cufft", "nvidia-nccl-cu13", "cuda-bindings", "triton",
+             "torch", "numpy", "setuptools", "filelock"]  # fmt: skip
+    assert layout.load().split(names) == [
+        ("venv", ["setuptools"]),
+        ("cudnn", ["nvidia-cudnn-cu13"]),
+        ("cuda-math", ["nvidia-cublas", "nvidia-cufft"]),
+        ("cuda-runtime", ["cuda-bindings", "nvidia-nccl-cu13"]),
+        ("triton", ["triton"]),
+        ("torch", ["torch"]),
+        ("rest", ["filelock", "numpy"]),
+    ]
+
+
+def test_a_cpu_stack_skips_the_groups_it_has_no_package_for() -> None:
+    assert [name for name, _ in layout.load().split(["torch", "numpy", "sympy"])] == ["torch", "rest"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("layers: []\nprune:\n  - {paths: ['../../etc/passwd'], why: x}\n", "not a path under site-packages"),
+        ("layers: []\nprune:\n  - {paths: ['/usr/lib'], why: x}\n", "not a path under site-packages"),
+        ("layers: []\nprune:\n  - {paths: [\"a'; curl x | sh; '\"], why: x}\n", "not a path under site-packages"),
+        ("layers: []\nprune:\n  - {paths: [triton/x]}\n", "exactly paths and why"),
+        ("layers:\n  - {name: x, why: y, packages: ['torch && curl']}\nprune: []\n", "not a package name pattern"),
+        ("layers:\n  - {name: rest, why: y, packages: [torch]}\nprune: []\n", "name"),
+        ("layers: []\nprune: []\ndpkg:\n  - {exclude: ['/usr/share/doc/*\\n RUN x'], why: y}\n", "absolute path glob"),
+        ("layers: []\nprune: []\ndpkg:\n  - {exclude: [usr/share/doc], why: y}\n", "absolute path glob"),
+        ("layers: []\nprune: []\ndpkg:\n  - {exclude: ['/usr/share/doc/*']}\n", "exclude and why"),
+    ],
+)
+def test_a_layout_entry_that_could_reach_a_dockerfile_unchecked_is_refused(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    path = tmp_path / "layout.yaml"
+    path.write_text(text)
+    with pytest.raises(UserError) as caught:
+        layout.load.__wrapped__(path)
+    assert message in caught.value.line() and str(path) in caught.value.line()
+
+
+def _entry(name: str, version: str, digit: str) -> str:
+    return f"{name}=={version} \\\n    --hash=sha256:{digit * 64}\n    # via torch\n"
+
+
+def test_lock_subset_prints_the_named_entries_with_their_hashes_and_refuses_unknown_names(tmp_path: Path) -> None:
+    lock = tmp_path / "requirements.lock"
+    lock.write_text("# header\n" + _entry("Typing_Extensions", "4.1", "a") + _entry("torch", "2.15.0", "b"))
+    script = str(SCRIPTS / "lock-subset.py")
+    run = subprocess.run([sys.executable, script, str(lock), "typing-extensions"], capture_output=True, text=True)
+    assert run.stdout == f"Typing_Extensions==4.1 --hash=sha256:{'a' * 64}\n"
+    missing = subprocess.run([sys.executable, script, str(lock), "numpy"], capture_output=True, text=True)
+    assert missing.returncode != 0 and "numpy" in missing.stderr
+
+
+def test_prune_paths_removes_what_the_patterns_name_and_nothing_else(tmp_path: Path) -> None:
+    site = tmp_path / "site-packages"
+    for path in ["triton/backends/amd/lib.so", "triton/backends/nvidia/lib/cupti/libcupti_static.a",
+                 "triton/backends/nvidia/lib/cupti/libcupti.so", "numpy/_core/tests/test_x.py",
+                 "numpy/tests/test_y.py", "numpy/_core/multiarray.py"]:  # fmt: skip
+        (site / path).parent.mkdir(parents=True, exist_ok=True)
+        (site / path).write_bytes(b"x" * 10)
+    patterns = ["triton/backends/amd", "triton/backends/nvidia/lib/cupti*/*_static.a", "numpy/**/tests"]
+    subprocess.run([sys.executable, str(SCRIPTS / "prune-paths.py"), str(site), *patterns], check=True)
+    left = sorted(str(p.relative_to(site)) for p in site.rglob("*") if p.is_file())
+    assert left == ["numpy/_core/multiarray.py", "triton/backends/nvidia/lib/cupti/libcupti.so"]
+
+
+def test_sizes_are_reported_by_package_in_site_packages_and_by_folder_elsewhere() -> None:
+    assert size.part_of("opt/venv/lib/python3.11/site-packages/torch/lib/libtorch_cuda.so") == "site-packages/torch"
+    assert size.part_of("opt/venv/lib/python3.11/site-packages/torch-2.15.0.dist-info/RECORD") == "site-packages/torch"
+    assert size.part_of("opt/venv/lib/python3.11/site-packages/numpy.libs/x.so") == "site-packages/numpy"
+    assert size.part_of("usr/lib/gcc/x86_64-linux-gnu/12/cc1") == "usr/lib/gcc"
+    nvidia = "opt/venv/lib/python3.11/site-packages/nvidia/cudnn/lib/libcudnn.so.9"
+    assert size.part_of(nvidia) == "site-packages/nvidia/cudnn"
+    assert size.human(5_640_000_000) == "5.64 GB" and size.human(999) == "999 B"
