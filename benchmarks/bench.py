@@ -237,7 +237,7 @@ NAIVE_DOCKERFILE = Path(__file__).resolve().parent / "naive.Dockerfile"
 SIZE_TARGET, LAYER_TARGET, NAIVE_RATIO = 5.6e9, 2e9, 0.85
 
 
-def bench_size(grid: matrix.Matrix, results: list[build.BuildResult]) -> list[Row]:
+def bench_size(grid: matrix.Matrix, results: list[build.BuildResult], push_pull: bool) -> list[Row]:
     """The flagship runtime as built against the naive Dockerfile from the same base and wheels;
     its largest layer; then push and pull through a loopback registry, split layers against the
     same files in one layer, and compressed sizes (issue 12's targets)."""
@@ -268,7 +268,25 @@ def bench_size(grid: matrix.Matrix, results: list[build.BuildResult]) -> list[Ro
             largest <= LAYER_TARGET,
         ),
     ]
+    sibling = next((c for c in grid.cells if c.name == cell.name.replace("-runtime", "-devel")), None)
+    if sibling is not None:
+        devel = build.build_cell(client, grid, sibling, wheelhouse.Wheelhouse(), lambda _: None)
+        results.append(devel)
+        largest_devel = max((b for _, b in devel.layers), default=0)
+        rows.append(
+            Row(
+                f"uncompressed size, {sibling.name}",
+                size.human(devel.size_bytes) if devel.status != "failed" else devel.detail,
+                f"largest layer {size.human(largest_devel)}",
+                None,
+                "reported",
+                None,
+            )
+        )
+        build.remove_image(client, devel.reference)  # shares the runtime's layers: a pull would skip them
     build.discard_intermediates(client, results)  # they hold the same layers: a pull would skip them
+    if not push_pull:
+        return rows
     return rows + _push_and_pull(client, shipped.reference, cell.base.local_tag)
 
 
@@ -337,7 +355,7 @@ def _push_and_pull(client: docker.DockerClient, reference: str, base_reference: 
             for image in (one_layer, f"{host}/bench:split", f"{host}/bench:one-layer"):
                 build.remove_image(client, image)
         with base_archive.open("rb") as saved:
-            client.images.load(saved)
+            client.images.load(saved)[0].tag(*base_reference.rsplit(":", 1))
     rows = []
     for action in ("push", "pull"):
         ratio = seconds[action, "split"] / seconds[action, "one-layer"]
@@ -389,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         "--skip",
         action="append",
         default=[],
-        choices=["rebuild", "lock", "downloads", "selftest", "normalize", "size"],
+        choices=["rebuild", "lock", "downloads", "selftest", "normalize", "size", "pushpull"],
         help="leave a benchmark out (repeatable)",
     )
     args = parser.parse_args(argv)
@@ -413,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         if "selftest" not in args.skip:
             rows.append(bench_selftest(grid, cell))
         if "size" not in args.skip:
-            rows += bench_size(grid, results)
+            rows += bench_size(grid, results, push_pull="pushpull" not in args.skip)
     finally:
         build.discard_intermediates(daemon.client(), results)
     table = Table(title="torch-images benchmarks")
