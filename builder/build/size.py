@@ -8,8 +8,6 @@ its files. One streaming pass over `docker save`, no file is held in memory.
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import tarfile
 from collections import Counter
@@ -65,26 +63,11 @@ def _layer_parts(handle: Any) -> Counter[str]:
 
 def layers(engine: docker.DockerClient, image_id: str) -> list[Layer]:
     """The image's layers, bottom first."""
-    scanned: dict[str, tuple[int, Counter[str]]] = {}
-    aliases: dict[str, str] = {}  # a repeated layer is saved once, the others link to it
-    config: dict[str, Any] = {}
-    manifest: list[dict[str, Any]] = []
-    for member, handle in archive.saved_members(engine, image_id):
-        if member.issym() and member.name.endswith("/layer.tar"):
-            aliases[member.name] = os.path.normpath(os.path.join(os.path.dirname(member.name), member.linkname))
-        elif handle is None:
-            continue
-        elif member.name.endswith("/layer.tar"):
-            scanned[member.name] = (member.size, _layer_parts(handle))
-        elif member.name == "manifest.json":
-            manifest = json.loads(handle.read())
-        elif member.name.endswith(".json") and "/" not in member.name:
-            config = json.loads(handle.read())
+    config, scanned = archive.scan_saved(engine, image_id, lambda _, size, handle: (size, _layer_parts(handle)))
     steps = [h.get("created_by", "") for h in config.get("history", []) if not h.get("empty_layer")]
     diff_ids: list[str] = config.get("rootfs", {}).get("diff_ids", [])
     result = []
-    for index, name in enumerate(manifest[0]["Layers"]):
-        size, parts = scanned[aliases.get(name, name)]
+    for index, (size, parts) in enumerate(scanned):
         step = steps[index] if index < len(steps) else ""
         result.append(Layer(index + 1, diff_ids[index] if index < len(diff_ids) else "", _short(step), size, parts))
     return result

@@ -11,7 +11,7 @@ import tarfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import docker
 
@@ -94,6 +94,33 @@ def load(engine: docker.DockerClient, config: bytes, layers: Layers, reference: 
     if failure:
         raise failure[0]
     return loaded
+
+
+Scanned = TypeVar("Scanned")
+
+
+def scan_saved(
+    engine: docker.DockerClient, image_id: str, read_layer: Callable[[str, int, IO[bytes]], Scanned]
+) -> tuple[dict[str, Any], list[Scanned]]:
+    """One pass over `docker save`: `read_layer(name in the archive, size, stream)` for every
+    layer it holds; returns the image config and the results in the image's layer order (a
+    layer the image repeats is saved once, as a link, and its result is given again)."""
+    scanned: dict[str, Scanned] = {}
+    aliases: dict[str, str] = {}
+    config: dict[str, Any] = {}
+    manifest: list[dict[str, Any]] = []
+    for member, handle in saved_members(engine, image_id):
+        if member.issym() and member.name.endswith("/layer.tar"):
+            aliases[member.name] = os.path.normpath(os.path.join(os.path.dirname(member.name), member.linkname))
+        elif handle is None:
+            continue
+        elif member.name.endswith("/layer.tar"):
+            scanned[member.name] = read_layer(member.name, member.size, handle)
+        elif member.name == "manifest.json":
+            manifest = json.loads(handle.read())
+        elif member.name.endswith(".json") and "/" not in member.name:
+            config = json.loads(handle.read())
+    return config, [scanned[aliases.get(name, name)] for name in manifest[0]["Layers"]]
 
 
 def saved_members(engine: docker.DockerClient, image_id: str) -> Iterator[tuple[tarfile.TarInfo, IO[bytes] | None]]:

@@ -94,27 +94,18 @@ def _scan_image(
     engine: docker.DockerClient, image_id: str, epoch: int, workdir: Path, keep_aside: Callable[[str, int], bool]
 ) -> SavedImage:
     """One pass over `docker save`: which layers are settled, keeping aside those asked for."""
-    scans: dict[str, LayerScan] = {}
-    aliases: dict[str, str] = {}  # a repeated layer saved as a link to the first copy
-    config: dict[str, Any] = {}
-    manifest: list[dict[str, Any]] = []
-    for member, handle in archive.saved_members(engine, image_id):
-        if member.issym() and member.name.endswith("/layer.tar"):
-            aliases[member.name] = os.path.normpath(os.path.join(os.path.dirname(member.name), member.linkname))
-        elif handle is None:
-            continue
-        elif member.name.endswith("/layer.tar"):
-            if keep_aside(member.name, member.size):
-                copy = workdir / f"raw-{len(scans)}.tar"
-                with copy.open("wb") as sink:
-                    scans[member.name] = LayerScan(member.name, _scan_layer(handle, epoch, sink), copy)
-            else:
-                scans[member.name] = LayerScan(member.name, _scan_layer(handle, epoch, None))
-        elif member.name == "manifest.json":
-            manifest = json.loads(handle.read())
-        elif member.name.endswith(".json") and "/" not in member.name:
-            config = json.loads(handle.read())
-    return SavedImage(config, [scans[aliases.get(name, name)] for name in manifest[0]["Layers"]])
+    kept: list[Path] = []
+
+    def scan(name: str, size: int, handle: IO[bytes]) -> LayerScan:
+        if not keep_aside(name, size):
+            return LayerScan(name, _scan_layer(handle, epoch, None))
+        copy = workdir / f"raw-{len(kept)}.tar"
+        kept.append(copy)
+        with copy.open("wb") as sink:
+            return LayerScan(name, _scan_layer(handle, epoch, sink), copy)
+
+    config, scans = archive.scan_saved(engine, image_id, scan)
+    return SavedImage(config, scans)
 
 
 def normalize_image(
