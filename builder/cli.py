@@ -297,7 +297,7 @@ def cmd_verify_repro(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-NEEDS_NOTHING = "Offline; needs no daemon."
+NEEDS_NOTHING = "Offline; needs no engine."
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -394,7 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
     repro_cmd = command(
         "verify-repro",
         "build cells twice without cache and compare image IDs and layers",
-        "Needs the daemon. Default: the flagship, which is about 6 GB and takes minutes per build; name a small "
+        "Needs the engine. Default: the flagship, which is about 6 GB and takes minutes per build; name a small "
         "cell (such as the CPU one) for a quick check.",
     )
     repro_cmd.add_argument("cells", nargs="*", help="cells to verify (default: the flagship)")
