@@ -10,7 +10,7 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1 | tr ' ' '-'
 name="selftest-$(date -u +%Y-%m-%d)-$gpu"
 # No spec.json outside an image: the environment check then reports versions without comparing.
 status=0
-PYTHONUNBUFFERED=1 timeout 300 python3 builder/selftest.py --peaks data/gpu_peaks.json \
+PYTHONUNBUFFERED=1 timeout 300 python3 image/selftest.py --peaks image/gpu_peaks.json \
     --spec /nonexistent --json "$out/$name.json" > "$out/$name.txt" 2>&1 || status=$?
 cat "$out/$name.txt"
 exit "$status"

@@ -38,7 +38,8 @@ def check_values(value: object, where: str = "context") -> None:
 
     A value with a line break or control character could add its own Dockerfile instruction,
     so rendering stops instead. Values are validated against their grammar where they are read
-    (matrix.py, lock.py, debs.py, flavor.py); this is the last line of defence.
+    (spec/schema.py, spec/flavor.py, spec/layout.py, lock/requirements.py, lock/debian.py); this
+    is the last line of defence.
     """
     if isinstance(value, str):
         if grammar.CONTROL.search(value):

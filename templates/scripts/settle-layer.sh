@@ -1,6 +1,6 @@
 #!/bin/sh
 # The last command of every RUN step: the layer leaves the step already normalized, so the
-# builder keeps it byte for byte instead of rewriting it after the build (see builder/repro.py).
+# builder keeps it byte for byte instead of rewriting it after the build (see builder/repro/normalize.py).
 # - Files the step wrote in log and cache directories go: their content names the moment.
 # - /tmp is emptied.
 # - On Pythons that write set constants into bytecode in hash order (3.9 here; 3.11 no longer),
