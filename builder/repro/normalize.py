@@ -1,4 +1,5 @@
-"""Bit-for-bit reproducible images: normalize a built image, and prove it by building twice.
+"""Bit-for-bit reproducible images: normalize a built image (build/twice.py proves it by
+building twice, repro/verify.py compares the two).
 
 The engine's classic builder stamps the build time on every file it writes and on the
 config. Most of that is undone inside the build: every rendered RUN step ends with
@@ -13,8 +14,8 @@ loaded back under the same tag, sending the engine only the layers it does not h
 Bytecode is already deterministic: under SOURCE_DATE_EPOCH py_compile writes hash-based .pyc.
 
 Everything streams through files on disk: a layer of several GB is never held in memory.
-`verify-repro` records a file manifest (path, type, mode, size, sha256) per layer to name
-the paths that differ between two builds.
+A rewritten layer's file manifest (path, type, mode, size, sha256) is kept (repro/manifests.py)
+to name the paths that differ between two builds.
 """
 
 from __future__ import annotations
