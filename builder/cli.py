@@ -97,10 +97,6 @@ def cmd_compat_refresh(args: argparse.Namespace) -> int:
     return 0
 
 
-def _human(size: int) -> str:
-    return f"{size / 1e9:.2f} GB" if size >= 1e8 else f"{size / 1e6:.0f} MB"
-
-
 def cmd_lock(args: argparse.Namespace) -> int:
     grid = _matrix(args)
     cells = grid.cells if args.all or not args.cells else grid.select(args.cells)
@@ -190,7 +186,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     for column in ("cell", "tag", "image ID", "size", "build time", "status"):
         table.add_column(column)
     for r in results:
-        table.add_row(r.cell, r.reference, r.image_id[7:19], _human(r.size_bytes), f"{r.seconds:.0f} s", r.status)
+        table.add_row(r.cell, r.reference, r.image_id[7:19], size.human(r.size_bytes), f"{r.seconds:.0f} s", r.status)
     Console(width=200).print(table)
     return 0 if all(not r.status.startswith("failed") for r in results) else 1
 

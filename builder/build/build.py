@@ -137,7 +137,7 @@ def _within_budget(engine: docker.DockerClient, grid: Matrix, cell: Cell, result
     """Record the layers' sizes; an image over its flavor's budget (matrix.yaml `budgets:`) fails."""
     result.layers = size.layer_sizes(engine, result.image_id)
     budget = grid.spec.budgets.get(cell.flavor)
-    problem = size.over_budget(engine, result.image_id, cell.flavor, budget) if budget else ""
+    problem = size.over_budget(engine, result.image_id, cell.flavor, budget, result.layers) if budget else ""
     if problem:
         result.status, result.detail = "failed: over budget", problem
     return result

@@ -95,11 +95,18 @@ def layer_sizes(engine: docker.DockerClient, image_id: str) -> list[tuple[str, i
     return [(_short(entry.get("CreatedBy", "")), int(entry["Size"])) for entry in reversed(history) if entry["Size"]]
 
 
-def over_budget(engine: docker.DockerClient, image_id: str, flavor: str, budget: BudgetSpec) -> str:
+def over_budget(
+    engine: docker.DockerClient,
+    image_id: str,
+    flavor: str,
+    budget: BudgetSpec,
+    sized: list[tuple[str, int]] | None = None,
+) -> str:
     """Why the image is over its flavor's budget, in one line naming the layer and its largest
-    parts ("" when it is within). Decided from the engine's history; only an image over budget
-    pays for the pass over `docker save` that names the parts."""
-    sized = layer_sizes(engine, image_id)
+    parts ("" when it is within). Decided from the engine's history (`sized`, when the caller
+    has read it already); only an image over budget pays for the pass over `docker save` that
+    names the parts."""
+    sized = layer_sizes(engine, image_id) if sized is None else sized
     total = sum(size for _, size in sized)
     if budget.total and total > size_bytes(budget.total):
         step = max(sized, key=lambda entry: entry[1])[0]

@@ -174,12 +174,13 @@ class Wheelhouse:
     def publish_files(self, paths: Iterable[Path]) -> None:
         """Serve build inputs that are not wheels (helper scripts) under their content's name."""
         for path in paths:
-            self._place(path, self.root / served.served_path(path))
-            self.allow([served.served_path(path)])
+            where = served.support_file(path).path
+            self._place(path.read_bytes(), self.root / where)
+            self.allow([where])
 
     def _publish_lock(self, lock: Lockfile) -> None:
         """The lock itself beside its page: RUN steps fetch it from there."""
-        self._place(lock.path, self.root / served.lock_page(lock) / lock.path.name)
+        self._place(lock.text.encode(), self.root / served.lock_page(lock) / lock.path.name)  # as read, not again
         self.allow([served.lock_page(lock) + lock.path.name])
 
     def allow(self, paths: Iterable[str]) -> None:
@@ -201,8 +202,7 @@ class Wheelhouse:
         return path in self._served
 
     @staticmethod
-    def _place(source: Path, target: Path) -> None:
-        content = source.read_bytes()
+    def _place(content: bytes, target: Path) -> None:
         if target.exists() and target.read_bytes() == content:
             return
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -59,7 +59,7 @@ class Lockfile:
     fingerprint: str | None
     packages: dict[str, LockedPackage]
     content_matches: bool = True  # the body is the one `lock` wrote (its digest is in the header)
-    text: str = field(default="", repr=False)  # the file as read: the flavor lock's input, the served copy's hash
+    text: str = field(default="", repr=False)  # the whole file: the flavor lock's input, the served copy and its hash
 
     @classmethod
     def read(cls, path: Path) -> Lockfile:
@@ -286,16 +286,17 @@ def lock_cell(cell: Cell, grid: Matrix) -> list[Path]:
         stack_fingerprint(cell, grid),
         _compile(cell, grid, stack_requirements(cell), stack_overrides(cell), None),
     )
-    stack = Lockfile(directory / STACK_LOCK, None, parse_lock(stack_text, directory / STACK_LOCK))
+    stack = Lockfile(directory / STACK_LOCK, None, parse_lock(stack_text, directory / STACK_LOCK), text=stack_text)
     verify_stack(cell, stack)
     written = [_write(directory / STACK_LOCK, stack_text)]
     extras = flavor_requirements(cell)
     flavor_path = directory / FLAVOR_LOCK
     if extras:
         body = _compile(cell, grid, extras, [], stack_text)
-        flavor_lock = Lockfile(flavor_path, None, parse_lock(body, flavor_path))
+        flavor_text = with_header(flavor_fingerprint(cell, grid, stack_text), body)
+        flavor_lock = Lockfile(flavor_path, None, parse_lock(flavor_text, flavor_path), text=flavor_text)
         verify_flavor(cell, stack, flavor_lock)
-        written.append(_write(flavor_path, with_header(flavor_fingerprint(cell, grid, stack_text), body)))
+        written.append(_write(flavor_path, flavor_text))
     elif flavor_path.exists():
         flavor_path.unlink()
     return written

@@ -31,19 +31,16 @@ class LockRef(ServedFile):
     page: str  # path of the lock's find-links page on the wheelhouse server
 
 
-def content_key(path: Path) -> str:
-    """A URL path segment naming a file by its content, so a changed file gets a new URL."""
-    return digests.sha256_file(path)[:16]
-
-
 def lock_page(lock: Lockfile) -> str:
-    """Where a lock's find-links page (and the lock itself) lives under the server root."""
+    """Where a lock's find-links page (and the lock itself) lives under the server root: a
+    folder named by its content, so a changed lock gets a new URL."""
     return f"locks/{lock.sha256[:16]}/"
 
 
-def served_path(path: Path) -> str:
-    """Where a helper script lives under the server root."""
-    return f"files/{content_key(path)}/{path.name}"
+def support_file(path: Path) -> ServedFile:
+    """A helper script as the Dockerfile names it: under a folder named by its content."""
+    sha256 = digests.sha256_file(path)
+    return ServedFile(path.name, f"files/{sha256[:16]}/{path.name}", sha256)
 
 
 def lock_ref(lock: Lockfile) -> LockRef:
@@ -53,4 +50,4 @@ def lock_ref(lock: Lockfile) -> LockRef:
 
 
 def support_files() -> dict[str, ServedFile]:
-    return {path.name: ServedFile(path.name, served_path(path), digests.sha256_file(path)) for path in SUPPORT_FILES}
+    return {path.name: support_file(path) for path in SUPPORT_FILES}
