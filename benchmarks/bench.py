@@ -268,7 +268,7 @@ def bench_size(grid: matrix.Matrix, results: list[build.BuildResult], push_pull:
             largest <= LAYER_TARGET,
         ),
     ]
-    sibling = next((c for c in grid.cells if c.name == cell.name.replace("-runtime", "-devel")), None)
+    sibling = grid.sibling(cell, "devel")
     if sibling is not None:
         devel = build.build_cell(client, grid, sibling, wheelhouse.Wheelhouse(), lambda _: None)
         results.append(devel)
@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(bench_lock_warm(grid))
         if "downloads" not in args.skip:
             flagship = grid.flagship
-            sibling = next((c for c in grid.cells if c.name == flagship.name.replace("-runtime", "-devel")), None)
+            sibling = grid.sibling(flagship, "devel")
             default = [flagship, *([sibling] if sibling else [])]
             chosen = grid.select(args.download_cells) if args.download_cells else default
             rows.append(bench_downloads(grid, chosen))

@@ -56,6 +56,14 @@ class Matrix:
     def flagship(self) -> Cell:
         return next(cell for cell in self.cells if cell.flagship)
 
+    def sibling(self, cell: Cell, flavor: str) -> Cell | None:
+        """The cell that differs from `cell` only in its flavor (the devel of a runtime, say)."""
+
+        def stack(c: Cell) -> tuple[object, ...]:
+            return (c.torch.version, c.base.name, c.python, c.index, c.cudnn)
+
+        return next((c for c in self.cells if c.flavor == flavor and stack(c) == stack(cell)), None)
+
     @property
     def quick_cell(self) -> Cell:
         """The cell tests and benchmarks build by default: a CPU runtime whose torch wheel is in

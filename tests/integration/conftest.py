@@ -71,8 +71,7 @@ def built(client: docker.DockerClient, pytestconfig: pytest.Config) -> Iterator[
 def built_devel(built: BuiltCell) -> BuiltCell:
     """The devel sibling of the built runtime cell (same torch, base and locks' stack), built on
     the runtime's steps."""
-    sibling = built.cell.name.replace("-runtime", "-devel")
-    cell = next((c for c in built.grid.cells if c.name == sibling), None)
+    cell = built.grid.sibling(built.cell, "devel")
     if cell is None:
         pytest.skip(f"the matrix has no devel sibling of {built.cell.name}")
     result = build.build_cell(built.client, built.grid, cell, wheelhouse.Wheelhouse(), print)

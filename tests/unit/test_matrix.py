@@ -284,3 +284,11 @@ def test_size_budgets_are_per_known_flavor_in_decimal_units(matrix_file: Path, w
     matrix_file.write_text(text + 'budgets:\n  slim: {total: "5 GB"}\n')
     with pytest.raises(UserError, match=r"unknown flavor 'slim'"):
         load_matrix(matrix_file, wheels)
+
+
+def test_a_cells_sibling_differs_only_in_flavor(matrix_file: Path, wheels: TorchWheels) -> None:
+    grid = load_matrix(matrix_file, wheels)
+    runtime = grid.cell("2.9.1-cu12.8-bookworm-runtime")
+    sibling = grid.sibling(runtime, "devel")
+    assert sibling is not None and sibling.name == "2.9.1-cu12.8-bookworm-devel"
+    assert grid.sibling(runtime, "trtllm") is None
