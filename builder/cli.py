@@ -18,10 +18,10 @@ from rich.table import Table
 from builder.build import build, size, smoke, twice, wheelhouse
 from builder.engine import daemon
 from builder.errors import EXIT_USER_ERROR, UserError
-from builder.facts import refresh
+from builder.facts import compat, refresh
 from builder.lock import debian, inputs
 from builder.lock import requirements as lock
-from builder.plan import matrix
+from builder.plan import matrix, offers
 from builder.plan.cell import Cell
 from builder.publish import publish
 from builder.render import render
@@ -63,8 +63,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     grid = _matrix(args)
     rows = [{**c.spec(), "status": "ok"} for c in grid.cells]
     rows += [{"cell": r.name, **r.selector, "status": f"rejected: {r.reason}"} for r in grid.rejected]
+    trtllm = offers.trtllm_offers(grid, compat.load_trtllm_table()) if grid.spec.uses_flavor("trtllm") else None
     if args.json:
-        print(json.dumps({"cells": rows}, indent=1))
+        print(json.dumps({"cells": rows, **({"trtllm": trtllm} if trtllm else {})}, indent=1))
         return 0
     table = Table(title=f"{args.matrix}: {len(grid.cells)} cells, {len(grid.rejected)} rejected")
     for column in ("cell", "torch", "cuda", "cudnn", "python", "glibc", "base", "flavor", "tag", "status"):
@@ -88,6 +89,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             )
         )
     Console(width=200).print(table)
+    for line in offers.describe(trtllm) if trtllm else []:
+        console.print(line, highlight=False, soft_wrap=True)
     return 0
 
 

@@ -4,11 +4,14 @@
 Depends on torch and the standard library only, so it runs in every image of the matrix and
 on any host: `docker run --rm [--gpus all] IMAGE torch-selftest [--json report.json]`.
 
-Checks: environment (versions against the image's spec; driver and GPU architecture against
-what the image needs), torch.compile, AMP training, SDPA with every backend the device
-offers (grouped-query shapes included), matmul and memory bandwidth against the GPU's
-datasheet, and a two-process all_reduce. Every check has a correctness gate; speed
-thresholds apply on GPUs listed in gpu_peaks.json. Exits 1 if any check fails.
+Checks: the host (driver against the image's CUDA, /dev/shm), environment (versions against
+the image's spec; GPU architecture), the CUDA libraries torch loads against the wheels
+installed, conv2d, linear algebra and NumPy, torch.compile (dtypes, max-autotune on GPU),
+AMP training, SDPA with every backend the device offers (grouped-query shapes included),
+matmul and memory bandwidth against the GPU's datasheet, a two-process all_reduce, and the
+CUDA runtime (NVSHMEM, device-side asserts). Every check has a correctness gate; speed
+thresholds apply on GPUs listed in gpu_peaks.json. Exits 1 if any check fails; a warning
+(a host setting that will bite later) does not fail the run.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +47,10 @@ class Failure(Exception):
 
 class Skip(Exception):
     """The check does not apply on this device."""
+
+
+class Warn(Exception):
+    """The image is fine, but the host is set up in a way that will bite later; says how to fix it."""
 
 
 class Context:
@@ -176,13 +183,60 @@ def _driver_cuda_version() -> Optional[str]:
     return f"{version.value // 1000}.{(version.value % 1000) // 10}"
 
 
+def driver_advice(driver: Optional[str], needed: Optional[str]) -> Optional[str]:
+    """Why a host driver cannot run this image's CUDA, and what to do; None when it can.
+    Within one major version a newer CUDA runs on an older driver (minor version
+    compatibility); across majors it needs a newer driver or NVIDIA's forward-compatibility
+    libraries."""
+    if not driver or not needed or int(driver.split(".")[0]) >= int(needed.split(".")[0]):
+        return None
+    major, minor = needed.split(".")[:2]
+    return (
+        f"the host's NVIDIA driver supports CUDA {driver}, this image needs CUDA {needed}: upgrade the driver, "
+        f"or on a data-center GPU add NVIDIA's forward-compatibility libraries (cuda-compat-{major}-{minor}) "
+        "and put them first on LD_LIBRARY_PATH"
+    )
+
+
+SHM_ADVICE_BYTES = 1 << 30
+
+
+def shm_advice(size: Optional[int]) -> Optional[str]:
+    """DataLoader workers and NCCL pass tensors through /dev/shm; Docker's default is 64 MB."""
+    if size is None or size >= SHM_ADVICE_BYTES:
+        return None
+    return (
+        f"/dev/shm is {size / 2**20:.0f} MiB: DataLoader workers and NCCL run out of it "
+        '("bus error", "No space left on device"); run with --shm-size=8g (or --ipc=host)'
+    )
+
+
+def _shm_size() -> Optional[int]:
+    try:
+        stats = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    return stats.f_frsize * stats.f_blocks
+
+
+def check_host(ctx: Context) -> Metrics:
+    """What the host gives the container: a driver new enough for this CUDA, and /dev/shm."""
+    needed, driver, shm = torch.version.cuda, _driver_cuda_version(), _shm_size()
+    metrics: Metrics = {"image_cuda": needed or "cpu", "driver_cuda": driver, "shm_bytes": shm}
+    # A too-old driver makes torch.cuda.is_available() False, so every other check would
+    # quietly pass on the CPU: fail here instead.
+    advice = driver_advice(driver, needed)
+    if advice:
+        raise Failure(advice)
+    if needed and driver is None:
+        metrics["note"] = "no NVIDIA driver visible (CPU host, or run with --gpus all)"
+    advice = shm_advice(shm)
+    if advice:
+        raise Warn(advice)
+    return metrics
+
+
 def _gpu_compatibility(ctx: Context) -> Metrics:
-    needed = torch.version.cuda or ""
-    driver = _driver_cuda_version()
-    if driver and needed and int(driver.split(".")[0]) < int(needed.split(".")[0]):
-        raise Failure(
-            f"the host's driver supports CUDA {driver}, this image needs CUDA {needed}: upgrade the NVIDIA driver"
-        )
     major, minor = ctx.capability
     arch_list = torch.cuda.get_arch_list()
     native = f"sm_{major}{minor}"
@@ -192,12 +246,189 @@ def _gpu_compatibility(ctx: Context) -> Metrics:
             f"{ctx.gpu_name} is {native}; this torch is compiled for {', '.join(arch_list)}: "
             "use an image whose torch supports this GPU"
         )
+    return {"gpu": ctx.gpu_name, "capability": f"{major}.{minor}", "arch_list": arch_list}
+
+
+def _cudnn_tuple(number: int) -> Tuple[int, int, int]:
+    return number // 10000, (number % 10000) // 100, number % 100
+
+
+def _installed(prefix: str) -> Optional[str]:
+    """The version of the installed distribution whose name starts with prefix (nvidia-cudnn-cu13)."""
+    from importlib import metadata
+
+    for dist in metadata.distributions():
+        if (dist.metadata["Name"] or "").lower().startswith(prefix):
+            return dist.version
+    return None
+
+
+def check_libraries(ctx: Context) -> Metrics:
+    """The cuDNN and NCCL torch loads: cuDNN at run time is the one torch was built with (or
+    the raised one the spec names), and the installed nvidia-cudnn/nvidia-nccl wheels are the
+    versions torch reports. Needs no GPU: the libraries load without one."""
+    if not torch.version.cuda:
+        raise Skip("a CPU build of torch loads no cuDNN or NCCL")
+    runtime = _cudnn_version()
+    if runtime is None:
+        raise Failure("torch cannot load cuDNN")
+    loaded = _cudnn_tuple(runtime)
+    compiled = tuple(torch._C._cudnn.getCompileVersion())
+    expected = _load_spec(ctx.args.spec) or {}
+    raised = expected.get("cudnn") and expected.get("cudnn") != expected.get("cudnn_pin")
+    problems = []
+    if not raised and loaded != compiled:
+        problems.append(
+            f"cuDNN {'.'.join(map(str, loaded))} loaded, torch was built with {'.'.join(map(str, compiled))}"
+        )
+    cudnn_wheel, nccl_wheel, nccl = _installed("nvidia-cudnn"), _installed("nvidia-nccl"), _nccl_version()
+    if cudnn_wheel is None or not cudnn_wheel.startswith(".".join(map(str, loaded))):
+        problems.append(f"installed nvidia-cudnn is {cudnn_wheel}, torch loads cuDNN {'.'.join(map(str, loaded))}")
+    if nccl_wheel is None or nccl is None or not nccl_wheel.startswith(nccl):
+        problems.append(f"installed nvidia-nccl is {nccl_wheel}, torch reports NCCL {nccl}")
+    if problems:
+        raise Failure("; ".join(problems))
     return {
-        "gpu": ctx.gpu_name,
-        "capability": f"{major}.{minor}",
-        "driver_cuda": driver,
-        "arch_list": arch_list,
+        "cudnn_loaded": ".".join(map(str, loaded)),
+        "cudnn_compiled": ".".join(map(str, compiled)),
+        "cudnn_wheel": cudnn_wheel,
+        "nccl": nccl,
+        "nccl_wheel": nccl_wheel,
     }
+
+
+def _close(name: str, actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float) -> List[str]:
+    actual, expected = actual.double().cpu(), expected.double().cpu()
+    if torch.allclose(actual, expected, rtol=rtol, atol=atol):
+        return []
+    return [f"{name} differs from the reference by {(actual - expected).abs().max().item():.3e}"]
+
+
+def check_conv2d(ctx: Context) -> Metrics:
+    """conv2d (strided, padded, dilated) on CPU in fp32 against fp64, and on CUDA in fp32, fp64
+    and under autocast (fp16, bf16) against the CPU's fp64 result."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(16, 33, (3, 5), stride=(2, 1), padding=(4, 2), dilation=(3, 1))
+    x = torch.randn(8, 16, 50, 100)
+    with torch.no_grad():
+        reference = conv.double()(x.double())
+        problems = _close("cpu fp32", conv.float()(x), reference, 1e-4, 1e-4)
+        metrics: Metrics = {"cpu_fp32": "ok" if not problems else "differs"}
+        if ctx.cuda:
+            for dtype, tolerance in ((torch.float32, 1e-2), (torch.float64, 1e-9)):
+                name = str(dtype).replace("torch.", "")
+                problems += _close(
+                    f"cuda {name}", conv.to(ctx.device, dtype)(x.to(ctx.device, dtype)), reference, tolerance, tolerance
+                )
+            conv = conv.to(ctx.device, torch.float32)
+            for dtype in (torch.float16, torch.bfloat16):
+                with torch.autocast("cuda", dtype=dtype):
+                    out = conv(x.to(ctx.device))
+                name = str(dtype).replace("torch.", "")
+                if out.dtype != dtype:
+                    problems.append(f"autocast {name} produced {out.dtype}")
+                problems += _close(
+                    f"cuda autocast {name}", out, reference, 5e-2, 5e-2 if dtype == torch.float16 else 1e-1
+                )
+                metrics[f"cuda_autocast_{name}"] = "ok"
+    if problems:
+        raise Failure("; ".join(problems))
+    return metrics
+
+
+def check_linalg(ctx: Context) -> Metrics:
+    """linalg.svd reconstructs its input (CPU, and CUDA in fp32 and fp64), and NumPy arrays
+    and tensors share memory both ways."""
+    import numpy
+
+    problems: List[str] = []
+    torch.manual_seed(0)
+    devices = [torch.device("cpu")] + ([ctx.device] if ctx.cuda else [])
+    for device in devices:
+        for dtype in (torch.float32, torch.float64):
+            a = torch.randn(7, 50, 30, device=device, dtype=dtype)
+            u, s, vh = torch.linalg.svd(a, full_matrices=False)
+            tolerance = 1e-4 if dtype == torch.float32 else 1e-10
+            problems += _close(f"svd {device.type} {dtype}", u @ torch.diag_embed(s) @ vh, a, tolerance, tolerance)
+    array = numpy.arange(6, dtype=numpy.float32)
+    tensor = torch.from_numpy(array)
+    array[0] = 42.0
+    if tensor[0].item() != 42.0:
+        problems.append("torch.from_numpy does not share the array's memory")
+    back = tensor.numpy()
+    tensor[1] = -1.0
+    if back[1] != -1.0 or back.dtype != numpy.float32:
+        problems.append("Tensor.numpy() does not share the tensor's memory")
+    if torch.tensor(numpy.ones((2, 3), dtype=numpy.float64)).dtype != torch.float64:
+        problems.append("a float64 array does not become a float64 tensor")
+    if problems:
+        raise Failure("; ".join(problems))
+    return {"svd_devices": [d.type for d in devices], "numpy": numpy.__version__}
+
+
+def check_cpu(ctx: Context) -> Metrics:
+    """The CPU's SIMD level as ATen dispatches to it and as Inductor vectorises for it: where
+    ATen finds a vector unit, Inductor must too, or compiled CPU code runs scalar."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    try:
+        from torch._inductor.cpu_vec_isa import pick_vec_isa
+    except ImportError:  # torch < 2.4
+        from torch._inductor.codecache import pick_vec_isa  # type: ignore[no-redef]
+    isa = pick_vec_isa()
+    metrics: Metrics = {
+        "machine": platform.machine(),
+        "aten_capability": capability,
+        "inductor_isa": type(isa).__name__ if isa else None,
+        "inductor_bit_width": isa.bit_width() if isa else 0,
+    }
+    if capability != "DEFAULT" and not isa:
+        raise Failure(f"ATen uses {capability} but Inductor found no vector ISA: compiled CPU code would run scalar")
+    return metrics
+
+
+_DEVICE_ASSERT = (
+    "import torch\n"
+    "try:\n"
+    "    torch._assert_async(torch.tensor(0, device='cuda'))\n"
+    "    torch.cuda.synchronize()\n"
+    "except RuntimeError as error:\n"
+    "    print('raised:', str(error).splitlines()[0])\n"
+    "else:\n"
+    "    print('not raised')\n"
+)
+
+
+def check_cuda_runtime(ctx: Context) -> Metrics:
+    """NVSHMEM is compiled into CUDA builds of torch 2.9 and later (and available on a GPU);
+    a device-side assert raises a Python RuntimeError instead of crashing or hanging (run in
+    a child process: it leaves the CUDA context unusable)."""
+    if not torch.version.cuda:
+        raise Skip("a CPU build of torch")
+    metrics: Metrics = {}
+    try:
+        from torch._C._distributed_c10d import _is_nvshmem_available
+    except ImportError:
+        if _torch_at_least(2, 9):
+            raise Failure("this CUDA build of torch 2.9+ is not compiled with NVSHMEM") from None
+        metrics["nvshmem"] = "not in this torch (before 2.9)"
+    else:
+        metrics["nvshmem"] = "compiled in"
+        if ctx.cuda:
+            metrics["nvshmem_available"] = bool(_is_nvshmem_available())
+    if not ctx.cuda:
+        metrics["device_assert"] = "needs a GPU; not run"
+        return metrics
+    child = subprocess.run([sys.executable, "-c", _DEVICE_ASSERT], capture_output=True, text=True, timeout=120)
+    last = (child.stdout.strip().splitlines() or [f"exit {child.returncode}: {child.stderr.strip()[-200:]}"])[-1]
+    if not last.startswith("raised:") or "CUDA" not in last:
+        raise Failure(f"a device-side assert did not raise a CUDA RuntimeError: {last}")
+    metrics["device_assert"] = last
+    return metrics
+
+
+def _torch_at_least(major: int, minor: int) -> bool:
+    parts = torch.__version__.split("+")[0].split(".")
+    return (int(parts[0]), int(parts[1])) >= (major, minor)
 
 
 class _Block(torch.nn.Module):
@@ -239,11 +470,55 @@ def check_compile(ctx: Context) -> Metrics:
         "compile_s": round(compile_seconds, 2),
         "max_abs_error": error,
         "speedup_vs_eager": round(speedup, 2),
+        "dtypes": _compile_dtypes(ctx),
     }
+    if ctx.cuda:
+        metrics["max_autotune"] = _compile_max_autotune(ctx)
     floor = ctx.threshold("compile_speedup_min")
     if floor is not None and speedup < floor:
         raise Failure(f"compiled model runs at {speedup:.2f}x eager, needs >= {floor}")
     return metrics
+
+
+def _sin_cos(x: torch.Tensor) -> torch.Tensor:
+    return torch.sin(x) + torch.cos(x)
+
+
+def _compile_dtypes(ctx: Context) -> List[str]:
+    """The same function compiled and eager agree in fp16, fp32 and fp64."""
+    checked = []
+    for dtype in (torch.float16, torch.float32, torch.float64):
+        x = torch.rand(64, 64, device=ctx.device).to(dtype)
+        compiled = torch.compile(_sin_cos, backend="inductor")(x)
+        try:
+            torch.testing.assert_close(compiled, _sin_cos(x))
+        except AssertionError as error:
+            raise Failure(f"compiled {dtype} differs from eager: {str(error).splitlines()[0]}") from None
+        checked.append(str(dtype).replace("torch.", ""))
+    return checked
+
+
+def _compile_max_autotune(ctx: Context) -> Metrics:
+    """mode="max-autotune" benchmarks Triton templates for the convolutions and matmuls: on a
+    GPU it exercises Triton's compiler and autotuner, which the default mode does not."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 32, 3),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 64, 3),
+        torch.nn.Flatten(),
+        torch.nn.Linear(64 * 24 * 24, 10),
+    ).to(ctx.device)
+    x = torch.rand(64, 1, 28, 28, device=ctx.device)
+    with torch.no_grad():
+        eager = model(x)
+        start = time.perf_counter()
+        compiled = torch.compile(model, mode="max-autotune")(x)
+        ctx.sync()
+    error = (compiled - eager).abs().max().item()
+    if not torch.allclose(compiled, eager, rtol=1e-2, atol=1e-2):
+        raise Failure(f"max-autotune output differs from eager by {error:.2e}")
+    return {"compile_s": round(time.perf_counter() - start, 1), "max_abs_error": error}
 
 
 def _train(ctx: Context, dtype: Optional[torch.dtype], steps: int) -> Metrics:
@@ -489,12 +764,18 @@ def check_trtllm(ctx: Context) -> Metrics:
 
 
 CHECKS = [
+    ("host", check_host),
     ("environment", check_environment),
+    ("libraries", check_libraries),
+    ("cpu", check_cpu),
+    ("conv2d", check_conv2d),
+    ("linalg", check_linalg),
     ("torch.compile", check_compile),
     ("amp", check_amp),
     ("sdpa", check_sdpa),
     ("throughput", check_throughput),
     ("distributed", check_distributed),
+    ("cuda-runtime", check_cuda_runtime),
     ("tensorrt-llm", check_trtllm),
 ]
 
@@ -522,6 +803,8 @@ def run_check(ctx: Context, name: str, fn: Callable[[Context], Metrics]) -> Dict
         metrics = fn(ctx)
     except Skip as reason:
         status, message = "skip", str(reason)
+    except Warn as reason:
+        status, message = "warn", str(reason)
     except Failure as reason:
         status, message = "fail", str(reason)
     except Exception as error:  # a crash in a check is a failure of the image, reported, not raised
@@ -575,6 +858,8 @@ def print_table(report: Dict[str, Any], stream: Any) -> None:
             f"{result['check']:<15}{result['status']:<8}{result['seconds']:>7.1f}s  {detail[:160]}",
             file=stream,
         )
+    for warning in report.get("warnings", []):
+        print(f"warning: {warning}", file=stream)
     print(f"result: {report['status']}", file=stream)
 
 
@@ -606,6 +891,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     report = {
         "status": "fail" if failed else "pass",
         "failed": failed,
+        "warnings": [r["message"] for r in results if r["status"] == "warn"],
         "device": ctx.gpu_name or "cpu",
         "host": platform.node(),
         "torch": torch.__version__,

@@ -12,10 +12,12 @@ import json
 import re
 from collections import defaultdict
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.version import Version
 
 from builder import paths
 from builder.facts import pypi
@@ -116,11 +118,11 @@ def build_from_metadata(version: str, wheels: Iterable[pypi.WheelFile], requires
 
 
 def read_torch_builds(
-    versions: Iterable[str], index_urls: Iterable[str], find_links: Iterable[Path], unreachable: list[str]
+    versions: Iterable[str], index_urls: Iterable[str], find_links: Iterable[Path], unreachable: dict[str, str]
 ) -> list[TorchBuild]:
     """Every build of the given torch versions that one index (its URLs and find-links) serves.
 
-    URLs that cannot be read are appended to `unreachable` and skipped.
+    URLs that cannot be read are added to `unreachable` (URL -> why) and skipped.
     """
     wanted = set(versions)
     files: list[pypi.WheelFile] = []
@@ -130,7 +132,7 @@ def read_torch_builds(
         try:
             files += pypi.index_files("torch", url)
         except OSError as error:
-            unreachable.append(f"{url} ({getattr(error, 'reason', error)})")
+            unreachable[url] = str(getattr(error, "reason", error))
     by_version: dict[str, list[pypi.WheelFile]] = defaultdict(list)
     for wheel in files:
         if wheel.is_linux_x86_64() and wheel.version.split("+")[0] in wanted:
@@ -145,15 +147,22 @@ def read_torch_builds(
 class TorchWheels:
     """The committed table of torch builds, by index name and full version."""
 
-    def __init__(self, table: dict[str, dict[str, TorchBuild]]) -> None:
+    def __init__(self, table: dict[str, dict[str, TorchBuild]], unread: dict[str, list[str]] | None = None) -> None:
         self.table = table
+        # index -> its URLs the last refresh could not read: its builds there are not known,
+        # so a variant missing from the table may still exist.
+        self.unread = unread or {}
 
     @classmethod
     def load(cls, path: Path = TORCH_WHEELS) -> TorchWheels:
         if not path.exists():
             return cls({})
-        raw = json.loads(path.read_text())["indexes"]
-        return cls({index: {v: TorchBuild(**entry) for v, entry in builds.items()} for index, builds in raw.items()})
+        document = json.loads(path.read_text())
+        table = {
+            index: {v: TorchBuild(**entry) for v, entry in builds.items()}
+            for index, builds in document["indexes"].items()
+        }
+        return cls(table, document.get("unread", {}))
 
     def save(self, path: Path = TORCH_WHEELS) -> None:
         document = {
@@ -162,6 +171,7 @@ class TorchWheels:
                 index: {version: asdict(build) for version, build in sorted(builds.items())}
                 for index, builds in sorted(self.table.items())
             },
+            "unread": {index: urls for index, urls in sorted(self.unread.items()) if urls},
         }
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(document, indent=1, sort_keys=False) + "\n")
@@ -186,6 +196,12 @@ class TrtllmRelease:
     tensorrt: str
     pythons: list[str]  # from its "Programming Language :: Python :: 3.x" classifiers
     cuda_major: str | None  # from its nvidia-*-cuNN or cuda-python pins
+    prerelease: bool = False  # 1.4.0rc1: offered by `plan` only as a pre-release
+
+    def summary(self) -> str:
+        cuda = f", CUDA {self.cuda_major}" if self.cuda_major else ""
+        tensorrt = f", TensorRT {self.tensorrt}" if self.tensorrt else ""
+        return f"{self.version} (torch {self.torch}{tensorrt}{cuda}, Python {', '.join(self.pythons)})"
 
     def supports_torch(self, version: str) -> bool:
         from packaging.specifiers import SpecifierSet
@@ -208,28 +224,82 @@ def trtllm_from_metadata(version: str, requires: Iterable[str], classifiers: Ite
     pythons = sorted(
         {c.rsplit("::", 1)[1].strip() for c in classifiers if python_classifier.fullmatch(c)}, key=version_key
     )
-    return TrtllmRelease(version, specifiers.get("torch", ""), specifiers.get("tensorrt", ""), pythons, cuda_major)
+    return TrtllmRelease(
+        version,
+        specifiers.get("torch", ""),
+        specifiers.get("tensorrt", ""),
+        pythons,
+        cuda_major,
+        prerelease=Version(version).is_prerelease,
+    )
 
 
-def read_trtllm_release(version: str, index_url: str) -> TrtllmRelease:
-    """Read a release's pins from PyPI's stub sdist, which carries them but is never installed."""
-    sdists = pypi.index_files("tensorrt-llm", index_url, ".tar.gz")
-    stub = next((f for f in sdists if f.filename == f"tensorrt_llm-{version}.tar.gz"), None)
-    if stub is None:
-        raise OSError(f"no tensorrt-llm {version} on {index_url}")
-    metadata = pypi.sdist_metadata(stub.url)
-    return trtllm_from_metadata(version, pypi.requirements(metadata), metadata.get_all("Classifier") or [])
+@dataclass
+class TrtllmTable:
+    """Every TensorRT-LLM release read so far: those whose metadata pins torch, and the versions
+    whose stubs pin nothing (the 0.x stubs only fail at install), kept so they are not read again."""
+
+    releases: dict[str, TrtllmRelease] = field(default_factory=dict)
+    without_pins: set[str] = field(default_factory=set)
+
+    def known(self) -> set[str]:
+        return set(self.releases) | self.without_pins
+
+    def newest(self, prerelease: bool) -> TrtllmRelease | None:
+        candidates = [r for r in self.releases.values() if r.prerelease == prerelease]
+        return max(candidates, key=lambda r: Version(r.version), default=None)
+
+
+def trtllm_stub_versions(index_url: str) -> dict[str, str]:
+    """Version -> URL of every tensorrt-llm stub sdist an index lists."""
+    prefix, suffix = "tensorrt_llm-", ".tar.gz"
+    return {
+        f.filename[len(prefix) : -len(suffix)]: f.url
+        for f in pypi.index_files("tensorrt-llm", index_url, suffix)
+        if f.filename.startswith(prefix)
+    }
+
+
+def read_trtllm_stub(version: str, url: str) -> TrtllmRelease | None:
+    """A release's pins from its stub sdist (which carries them but is never installed), or
+    None when the stub pins no torch."""
+    metadata = pypi.sdist_metadata(url)
+    if metadata is None:
+        return None
+    release = trtllm_from_metadata(version, pypi.requirements(metadata), metadata.get_all("Classifier") or [])
+    return release if release.torch else None
+
+
+def read_trtllm_releases(index_url: str, table: TrtllmTable, workers: int = 8) -> list[str]:
+    """Add every release the index lists and the table lacks (a release never changes, so the
+    table is the cache). Returns the versions added."""
+    stubs = {v: url for v, url in trtllm_stub_versions(index_url).items() if v not in table.known()}
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        read = dict(zip(stubs, pool.map(lambda item: read_trtllm_stub(*item), stubs.items()), strict=True))
+    for version, release in read.items():
+        if release is None:
+            table.without_pins.add(version)
+        else:
+            table.releases[version] = release
+    return sorted(read, key=Version)
+
+
+def load_trtllm_table(path: Path = TRTLLM) -> TrtllmTable:
+    if not path.exists():
+        return TrtllmTable()
+    document = json.loads(path.read_text())
+    releases = {v: TrtllmRelease(**entry) for v, entry in document["releases"].items()}
+    return TrtllmTable(releases, set(document.get("without_pins", [])))
 
 
 def load_trtllm(path: Path = TRTLLM) -> dict[str, TrtllmRelease]:
-    if not path.exists():
-        return {}
-    return {v: TrtllmRelease(**entry) for v, entry in json.loads(path.read_text())["releases"].items()}
+    return load_trtllm_table(path).releases
 
 
-def save_trtllm(table: dict[str, TrtllmRelease], path: Path = TRTLLM) -> None:
+def save_trtllm(table: TrtllmTable, path: Path = TRTLLM) -> None:
     document = {
         "comment": "Generated by `python -m builder compat refresh` from the PKG-INFO of PyPI's tensorrt-llm stubs.",
-        "releases": {v: asdict(table[v]) for v in sorted(table, key=version_key)},
+        "releases": {v: asdict(table.releases[v]) for v in sorted(table.releases, key=Version)},
+        "without_pins": sorted(table.without_pins, key=Version),
     }
     path.write_text(json.dumps(document, indent=1) + "\n")

@@ -93,16 +93,18 @@ def index_files(project: str, index_url: str, suffix: str = ".whl") -> list[Whee
     ]
 
 
-def sdist_metadata(url: str, limit: int = 1 << 20) -> Message:
-    """PKG-INFO of a small source distribution (a stub's pins live there)."""
+def sdist_metadata(url: str, limit: int = 1 << 20) -> Message | None:
+    """PKG-INFO of a small source distribution (a stub's pins live there), or None when it has
+    none (old stubs are a bare setup.py)."""
     data = _open(url)
     if len(data) > limit:
         raise OSError(f"{url}: {len(data)} bytes is not a small stub")
     with tarfile.open(fileobj=io.BytesIO(data)) as archive:
-        member = next(m for m in archive.getmembers() if m.name.count("/") == 1 and m.name.endswith("/PKG-INFO"))
-        handle = archive.extractfile(member)
-        assert handle is not None
-        return email.parser.Parser().parsestr(handle.read().decode())
+        member = next(
+            (m for m in archive.getmembers() if m.name.count("/") == 1 and m.name.endswith("/PKG-INFO")), None
+        )
+        handle = archive.extractfile(member) if member else None
+        return email.parser.Parser().parsestr(handle.read().decode()) if handle else None
 
 
 def find_links_files(project: str, directory: Path) -> list[WheelFile]:

@@ -10,10 +10,22 @@ from __future__ import annotations
 from builder.facts.compat import TorchBuild, TorchWheels, TrtllmRelease, version_key
 
 
+class MissingFacts(str):
+    """A reason that is a gap in data/, not a conflict: an index the last `compat refresh`
+    could not read. A cell the matrix includes is then listed as rejected, not refused."""
+
+
 def pick_build(wheels: TorchWheels, index: str, torch: str, cuda: str | None) -> TorchBuild | str:
     """The torch build an index serves for this version and CUDA (a CUDA one when cuda is
     unset), or why there is none."""
     builds = wheels.builds(index, torch)
+    wanted = f"torch {torch}" + (f" for CUDA {cuda}" if cuda else "")
+    unread = wheels.unread.get(index, [])
+    if unread and (not builds or (cuda and all(b.cuda != cuda for b in builds))):
+        return MissingFacts(
+            f"{wanted} is not among what was read of index '{index}'; {', '.join(unread)} could not be read: "
+            "run `python -m builder compat refresh` where it is reachable"
+        )
     if not builds:
         return f"no torch {torch} on index '{index}' in data/torch_wheels.json; run `python -m builder compat refresh`"
     if cuda is None:

@@ -121,7 +121,7 @@ def _resolve(
         return f"index '{index}' is not defined under indexes:"
     picked = rules.pick_build(wheels, index, selector.torch or "", selector.cuda)
     if isinstance(picked, str):
-        return picked
+        return _for_trtllm(picked, selector, trtllm)
     build, cudnn = picked, selector.cudnn
     flavor = flavors.load().flavors[selector.flavor or ""]
     reasons = [
@@ -152,6 +152,15 @@ def _resolve(
         images_root=images_root,
     )
     return _named(cell, spec)
+
+
+def _for_trtllm(reason: str, selector: Selector, trtllm: dict[str, TrtllmRelease]) -> str:
+    """No torch build for a TensorRT-LLM cell: say first which build the release needs."""
+    release = trtllm.get(selector.trtllm or "") if selector.flavor == "trtllm" else None
+    if release is None:
+        return reason
+    cuda = f" built for CUDA {release.cuda_major}" if release.cuda_major else ""
+    return type(reason)(f"TensorRT-LLM {release.version} needs torch {release.torch}{cuda}: {reason}")
 
 
 def _named(cell: Cell, spec: MatrixSpec) -> Cell:
@@ -225,7 +234,7 @@ def _provisional_name(selector: Selector) -> str:
         selector.cuda and (selector.cuda if selector.cuda == "cpu" else f"cu{selector.cuda}"),
     ]
     parts += [selector.cudnn and f"cudnn{selector.cudnn}", selector.python and f"py{selector.python}"]
-    parts += [selector.base, selector.flavor]
+    parts += [selector.base, selector.flavor and selector.flavor + (selector.trtllm or "")]
     return "-".join(p for p in parts if p)
 
 
@@ -248,7 +257,7 @@ def expand(
         if origin == "axes" and any(_matches(rule, values) for rule in spec.exclude):
             continue
         if isinstance(result, str):
-            if origin == "include":
+            if origin == "include" and not isinstance(result, rules.MissingFacts):
                 raise UserError(f"this cell cannot work: {result}", source.location(where), dotted(where))
             rejected.append(Rejected(_provisional_name(selector), selector.model_dump(exclude_none=True), result))
             continue

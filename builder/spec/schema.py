@@ -128,6 +128,10 @@ class MatrixSpec(Strict):
     defaults: Selector = Selector()
     axes: Axes | None = None
     include: list[Selector] = []
+
+    def uses_flavor(self, name: str) -> bool:
+        return name in (self.axes.flavor if self.axes else []) or any(s.flavor == name for s in self.include)
+
     exclude: list[Selector] = []
 
 

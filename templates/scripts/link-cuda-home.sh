@@ -14,10 +14,14 @@ for dir in "$nvidia"/*/include "$nvidia"/*/*/include; do
   [ -d "$dir" ] || continue
   for entry in "$dir"/*; do [ -e "$home/include/$(basename "$entry")" ] || ln -s "$entry" "$home/include/"; done
 done
+# Static archives too: nvcc links libcudart_static.a and libcudadevrt.a by default.
 for dir in "$nvidia"/*/lib "$nvidia"/*/lib64; do
   [ -d "$dir" ] || continue
-  for lib in "$dir"/*.so*; do [ -e "$lib" ] && ln -sf "$lib" "$home/lib64/"; done
+  for lib in "$dir"/*.so* "$dir"/*.a; do [ -e "$lib" ] && ln -sf "$lib" "$home/lib64/"; done
 done
+# The wheels' nvcc.profile searches $TOP/lib (cu13) or $TOP/lib64 (cu12), with TOP the
+# directory above the nvcc it was started as: here $home. A toolkit install has both.
+[ -e "$home/lib" ] || ln -s lib64 "$home/lib"
 # Linkers look for the unversioned name (libcudart.so); the wheels ship only libcudart.so.N.
 for lib in "$home"/lib64/*.so.*; do
   plain=${lib%%.so.*}.so

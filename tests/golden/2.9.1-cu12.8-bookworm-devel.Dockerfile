@@ -214,8 +214,8 @@ RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv
 # One CUDA tree made of links into the wheels: CUDA_HOME for torch.utils.cpp_extension,
 # with no second copy of any library.
 RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
-      http://127.0.0.1:8741/files/56b440bf7bfcdc85/link-cuda-home.sh /opt/torch-images/link-cuda-home.sh \
- && echo "56b440bf7bfcdc855f543f16d04c1b4061e685cfb5a08aff338aca4e8623b3fe  /opt/torch-images/link-cuda-home.sh" | sha256sum --check --quiet \
+      http://127.0.0.1:8741/files/15c05e4eb830a587/link-cuda-home.sh /opt/torch-images/link-cuda-home.sh \
+ && echo "15c05e4eb830a58770e501ad6dba74633d014aa0cbfe9c5c352934a2c458c9e5  /opt/torch-images/link-cuda-home.sh" | sha256sum --check --quiet \
  && sh /opt/torch-images/link-cuda-home.sh /opt/venv /usr/local/cuda \
  && sh /opt/torch-images/settle-layer.sh
 ENV CUDA_HOME=/usr/local/cuda \

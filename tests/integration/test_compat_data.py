@@ -22,15 +22,16 @@ def pypi_reachable() -> None:
 def test_torch_builds_on_pypi_match_their_wheels_metadata(pypi_reachable: None) -> None:
     table = compat.TorchWheels.load().table["pypi"]
     for version in sorted(table, key=compat.version_key)[-2:]:  # the newest two: each reads one METADATA
-        [fresh] = compat.read_torch_builds([version], ["https://pypi.org/simple"], [], [])
+        [fresh] = compat.read_torch_builds([version], ["https://pypi.org/simple"], [], {})
         assert fresh == table[version], version
 
 
 def test_trtllm_releases_match_their_published_metadata(pypi_reachable: None) -> None:
     releases = compat.load_trtllm()
     assert releases, "data/trtllm.json is empty"
-    for version, release in releases.items():
-        assert compat.read_trtllm_release(version, "https://pypi.org/simple") == release, version
+    stubs = compat.trtllm_stub_versions("https://pypi.org/simple")
+    for version in ("1.0.0", compat.load_trtllm_table().newest(prerelease=False).version):  # one read each
+        assert compat.read_trtllm_stub(version, stubs[version]) == releases[version], version
 
 
 def test_every_trtllm_stub_on_pypi_is_a_source_distribution_not_a_wheel(pypi_reachable: None) -> None:

@@ -118,17 +118,48 @@ class TestRuntimeImage:
     ) -> None:
         assert smoke_result.status == "pass", smoke_result.summary
         checks = {c["check"]: c["status"] for c in smoke_result.report["checks"]}
+        cuda_only = "pass" if image.cell.is_cuda else "skip"
         assert checks == {
+            "host": "pass",  # the builder gives the container 1 GiB of /dev/shm
             "environment": "pass",
+            "libraries": cuda_only,
+            "cpu": "pass",
+            "conv2d": "pass",
+            "linalg": "pass",
             "torch.compile": "pass",
             "amp": "pass",
             "sdpa": "pass",
             "throughput": "pass",
             "distributed": "pass",
+            "cuda-runtime": cuda_only,
             "tensorrt-llm": "skip",  # not a trtllm image
         }
         assert smoke.passing_report(image.image_id) is not None
         assert smoke_result.path == smoke.report_path(image.image_id)
+
+    def test_the_self_test_warns_about_dockers_default_dev_shm_and_still_passes(self, image: BuiltCell) -> None:
+        output = image.run("torch-selftest", "--only", "host")  # a plain `docker run`: 64 MiB of /dev/shm
+        assert "warning: /dev/shm is 64 MiB" in output and "--shm-size" in output and "result: pass" in output
+        assert "warning" not in image.run("torch-selftest", "--only", "host", shm_size="2g")
+
+    def test_each_self_test_gate_fails_when_what_it_checks_is_broken(self, image: BuiltCell) -> None:
+        script = (Path(__file__).parent / "selftest_sabotage.py").read_text()
+        outcomes = json.loads(image.run("python", "-c", script).strip().splitlines()[-1])
+        cuda_only = "fail" if image.cell.is_cuda else "skip"
+        assert {case: status for case, (status, _) in outcomes.items()} == {
+            "host: /dev/shm of 64 MiB": "warn",
+            "host: a CUDA 12.8 driver under a CUDA 13.2 image": "fail",
+            "host: a CUDA 13.0 driver under a CUDA 13.2 image (minor version compatibility)": "pass",
+            "cpu: Inductor finds no vector ISA": "fail",
+            "conv2d: fp32 off by 1e-2": "fail",
+            "linalg: singular values off by 1%": "fail",
+            "linalg: from_numpy copies": "fail",
+            "torch.compile: compiled differs from eager": "fail",
+            "libraries: the nvidia wheels are not what torch loads": cuda_only,
+            "libraries: cuDNN loaded is not the one torch was built with": cuda_only,
+            "cuda-runtime: torch built without NVSHMEM": cuda_only,
+        }
+        assert "cuda-compat-13-2" in outcomes["host: a CUDA 12.8 driver under a CUDA 13.2 image"][1]
 
     def test_report_json_is_what_the_image_printed(self, smoke_result: smoke.SmokeResult) -> None:
         stored = json.loads(smoke_result.path.read_text())
