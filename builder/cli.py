@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -23,9 +24,10 @@ from builder.lock import debian, inputs
 from builder.lock import requirements as lock
 from builder.plan import matrix, offers
 from builder.plan.cell import Cell
-from builder.publish import publish
-from builder.render import render
-from builder.spec import schema
+from builder.publish import existing, publish, staging
+from builder.publish.registry import Registry
+from builder.render import ci, render
+from builder.spec import grammar, schema
 
 console = Console(stderr=True)
 
@@ -176,9 +178,11 @@ def cmd_build(args: argparse.Namespace) -> int:
     client = daemon.client()
     house = wheelhouse.Wheelhouse()
     results: list[build.BuildResult] = []
+    registry = _registry(grid, args) if args.skip_existing else None
     try:
         for cell in cells:
-            results.append(_build_and_test(client, grid, cell, house, args))
+            published = functools.partial(existing.is_published, registry, grid, cell) if registry else None
+            results.append(_build_and_test(client, grid, cell, house, args, published))
     finally:
         if args.keep_build_cache:
             for name in build.keep_intermediates(client, results):
@@ -194,11 +198,27 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0 if all(not r.status.startswith("failed") for r in results) else 1
 
 
+def _registry(grid: matrix.Matrix, args: argparse.Namespace) -> Registry:
+    """The matrix's registry (or --registry), reached as --registry-ca and --insecure-registry say."""
+    if args.registry:
+        grid.spec = grid.spec.model_copy(update={"registry": args.registry})
+    found = Registry.for_publishing(grid.spec.registry, args.registry_ca, args.insecure_registry)
+    found.check()
+    return found
+
+
 def _build_and_test(
-    client: docker.DockerClient, grid: matrix.Matrix, cell: Cell, house: wheelhouse.Wheelhouse, args: argparse.Namespace
+    client: docker.DockerClient,
+    grid: matrix.Matrix,
+    cell: Cell,
+    house: wheelhouse.Wheelhouse,
+    args: argparse.Namespace,
+    published: Callable[[str], bool] | None = None,
 ) -> build.BuildResult:
     with progress(f"{cell.name}: starting") as report:
-        result = build.build_cell(client, grid, cell, house, report, args.no_cache, not args.no_normalize, args.backend)
+        result = build.build_cell(
+            client, grid, cell, house, report, args.no_cache, not args.no_normalize, args.backend, published=published
+        )
         if result.layers:
             report(f"{cell.name}: layers " + ", ".join(size.human(b) for _, b in result.layers))
         if result.status in ("built", "unchanged") and not args.no_smoke:
@@ -263,16 +283,66 @@ def cmd_size(args: argparse.Namespace) -> int:
     return 0
 
 
+def _registry_options(command: argparse.ArgumentParser, registry_help: str) -> None:
+    command.add_argument("--registry", type=_registry_option, help=registry_help)
+    command.add_argument(
+        "--registry-ca",
+        type=_existing_file,
+        metavar="FILE",
+        help="trust this CA for the registry's HTTPS certificate (default: the system's CA store only)",
+    )
+    command.add_argument(
+        "--insecure-registry",
+        action="store_true",
+        help="plain HTTP to a registry that is not on a loopback address (default: HTTPS; loopback gets HTTP)",
+    )
+
+
+def _registry_option(value: str) -> str:
+    if not grammar.REGISTRY.matches(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a registry: write {grammar.REGISTRY.hint}")
+    return value
+
+
+def _existing_file(value: str) -> Path:
+    if not Path(value).is_file():
+        raise argparse.ArgumentTypeError(f"{value} is not a file: give the registry's CA certificate (PEM)")
+    return Path(value)
+
+
 def cmd_publish(args: argparse.Namespace) -> int:
     grid = _matrix(args)
     if args.registry:
         grid.spec = grid.spec.model_copy(update={"registry": args.registry})
-    items = publish.publish(daemon.client(), grid, _cells(args, grid), lambda text: console.print(text))
+    cells, say = _cells(args, grid), lambda text: console.print(text)
+    if args.stage or args.promote:
+        staging.check_run(args.run)
+        registry = _registry(grid, args)
+        if args.stage:
+            items = staging.stage(daemon.client(), registry, grid, cells, args.run, say)
+            for item in items:
+                console.print(f"{item.cell.name}: staged {grid.spec.registry}/{grid.spec.repository}:{item.target}")
+            return 0
+        items = staging.promote(registry, grid, cells, args.run, say)
+    else:
+        items = publish.publish(
+            daemon.client(), grid, cells, say, ca_file=args.registry_ca, insecure=args.insecure_registry
+        )
     for item in items:
         state = "unchanged" if item.unchanged and not item.moved_aliases else "published"
         console.print(
             f"{item.cell.name}: {state} {grid.spec.registry}/{grid.spec.repository}:{item.cell.tag} {item.digest}"
         )
+    return 0
+
+
+def cmd_ci(args: argparse.Namespace) -> int:
+    text = ci.workflow(_matrix(args), args.system)
+    if args.output:
+        Path(args.output).write_text(text)
+        console.print(f"wrote {args.output}")
+    else:
+        sys.stdout.write(text)
     return 0
 
 
@@ -357,6 +427,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     build_cmd.add_argument("cells", nargs="*", help="cells to build (default: the flagship)")
     build_cmd.add_argument("--all", action="store_true", help="every buildable cell")
+    build_cmd.add_argument(
+        "--skip-existing",
+        action="store_true",
+        help="do not build a cell whose build ID (a hash of all its inputs) is already in the registry under its "
+        "versioned tag; needs the registry (default: build, or find it unchanged in the engine)",
+    )
+    _registry_options(build_cmd, "with --skip-existing, look here instead of matrix.yaml's registry (host:port)")
     build_cmd.add_argument("--no-cache", action="store_true", help="build every step again (default: reuse the cache)")
     build_cmd.add_argument(
         "--no-smoke", action="store_true", help="skip the self-test (then the image cannot be published)"
@@ -382,13 +459,40 @@ def build_parser() -> argparse.ArgumentParser:
     publish_cmd = command(
         "publish",
         "push cells whose self-test passed for that exact image ID, then their SBOM and report, then aliases",
-        "Needs the engine and the registry; credentials from TORCH_IMAGES_REGISTRY_USER and "
-        "TORCH_IMAGES_REGISTRY_PASSWORD. Writes published/<cell>.json beside the matrix.",
+        "Needs the engine and the registry; credentials as docker finds them (~/.docker/config.json: auths, "
+        "credHelpers, credsStore; `docker login` writes them), else TORCH_IMAGES_REGISTRY_USER and "
+        "TORCH_IMAGES_REGISTRY_PASSWORD; token and basic authentication. Writes published/<cell>.json beside "
+        "the matrix.",
     )
     publish_cmd.add_argument("cells", nargs="*", help="cells to publish (default: the flagship)")
     publish_cmd.add_argument("--all", action="store_true", help="every buildable cell")
-    publish_cmd.add_argument("--registry", help="push here instead of matrix.yaml's registry (host:port)")
+    _registry_options(publish_cmd, "push here instead of matrix.yaml's registry (host:port)")
+    stages = publish_cmd.add_mutually_exclusive_group()
+    stages.add_argument(
+        "--stage",
+        action="store_true",
+        help="CI, per cell: push the self-tested image under <tag>.staging-RUN with its SBOM and report attached; "
+        "moves no versioned tag or alias (a cell --skip-existing did not build is staged from the registry)",
+    )
+    stages.add_argument(
+        "--promote",
+        action="store_true",
+        help="CI, once every cell passed: gate on the reports attached in the registry (no engine or image needed), "
+        "then point the versioned tags at the staged images and move the aliases",
+    )
+    publish_cmd.add_argument(
+        "--run", default="local", help="with --stage and --promote: the run ID that ties them (CI's run number)"
+    )
     publish_cmd.set_defaults(func=cmd_publish)
+
+    ci_cmd = command(
+        "ci",
+        "print a CI workflow: one job per buildable cell (build, self-test, stage), then one promote job",
+        NEEDS_NOTHING + " Reads the plan; the jobs run the same nox sessions a user runs.",
+    )
+    ci_cmd.add_argument("system", choices=ci.SYSTEMS, help="github (Actions) or gitlab (GitLab CI)")
+    ci_cmd.add_argument("--output", metavar="FILE", help="write the workflow there (default: standard output)")
+    ci_cmd.set_defaults(func=cmd_ci)
 
     repro_cmd = command(
         "verify-repro",

@@ -42,7 +42,7 @@ class BuildResult:
     image_id: str = ""
     size_bytes: int = 0
     seconds: float = 0.0
-    status: str = "pending"  # built | unchanged | failed | then smoke's verdict
+    status: str = "pending"  # built | unchanged | in registry | failed | then smoke's verdict
     detail: str = ""
     build_id: str = ""
     intermediate: str = ""  # the engine's image before normalization, when it differs from the result
@@ -78,6 +78,14 @@ def _existing_build(
     return image
 
 
+def cell_build_id(
+    engine: docker.DockerClient, grid: Matrix, cell: Cell, backend: str = "sdk", report: Report = print
+) -> tuple[str, str]:
+    """The base the cell builds on (obtained if missing) and the cell's build ID, without building."""
+    base_reference = bases.ensure(engine, cell.base, grid.spec.source_date_epoch, report)
+    return base_reference, build_id(cell, engine.images.get(base_reference).id, backend)
+
+
 def build_cell(
     engine: docker.DockerClient,
     grid: Matrix,
@@ -88,16 +96,22 @@ def build_cell(
     normalize: bool = True,
     backend: str = "sdk",
     reference: str | None = None,
+    published: Callable[[str], bool] | None = None,
 ) -> BuildResult:
     """Build one cell. An image already tagged `reference` with the same build ID is left as it
-    is (status "unchanged") unless no_cache; the engine's pre-normalization image is returned as
-    `intermediate` for the caller to remove (see discard_intermediates)."""
+    is (status "unchanged") unless no_cache, and one whose build ID is `published` (in the
+    registry: `build --skip-existing`) is not built at all (status "in registry"). The engine's
+    pre-normalization image is returned as `intermediate` for the caller to remove (see
+    discard_intermediates)."""
     reference = reference or local_reference(grid, cell)
     result = BuildResult(cell.name, reference)
     started = time.monotonic()
     locks = preflight(cell, grid)
-    base_reference = bases.ensure(engine, cell.base, grid.spec.source_date_epoch, report)
-    result.build_id = build_id(cell, engine.images.get(base_reference).id, backend)
+    base_reference, result.build_id = cell_build_id(engine, grid, cell, backend, report)
+    if published is not None and published(result.build_id):
+        report(f"{cell.name}: build ID {result.build_id[:12]} is already in the registry; not built")
+        result.status, result.seconds = "in registry", time.monotonic() - started
+        return result
     normalized_at = times.iso_utc(grid.spec.source_date_epoch).removesuffix("Z") if normalize else None
     existing = None if no_cache else _existing_build(engine, reference, result.build_id, normalized_at)
     if existing is not None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import time
 from collections.abc import Callable
@@ -28,7 +27,7 @@ import docker.errors
 
 from builder import times
 from builder.build import smoke
-from builder.build.build import local_reference
+from builder.build.build import BUILD_ID_LABEL, local_reference
 from builder.errors import UserError
 from builder.lock import requirements as lock
 from builder.plan.cell import Cell
@@ -45,13 +44,17 @@ class Publication:
     cell: Cell
     image_id: str
     report: dict[str, Any]
+    build_id: str = ""  # the image's io.torch-images.build-id label: a content hash of its inputs
     digest: str = ""
     unchanged: bool = False
     moved_aliases: list[str] = field(default_factory=list)
+    attached: list[str] = field(default_factory=list)  # artifacts this run attached (sbom, selftest)
+    staging_tag: str = ""  # pushed under this tag instead of the versioned one (publish --stage)
 
-
-def credentials() -> tuple[str | None, str | None]:
-    return os.environ.get("TORCH_IMAGES_REGISTRY_USER"), os.environ.get("TORCH_IMAGES_REGISTRY_PASSWORD")
+    @property
+    def target(self) -> str:
+        """The tag this run pushes the image under."""
+        return self.staging_tag or self.cell.tag
 
 
 def gate(engine: docker.DockerClient, grid: Matrix, cells: list[Cell]) -> list[Publication]:
@@ -71,7 +74,8 @@ def gate(engine: docker.DockerClient, grid: Matrix, cells: list[Cell]) -> list[P
                 f"run `python -m builder smoke {cell.name}`"
             )
             continue
-        ready.append(Publication(cell, image_id, report))
+        labels = engine.images.get(image_id).labels or {}
+        ready.append(Publication(cell, image_id, report, build_id=labels.get(BUILD_ID_LABEL, "")))
     if refused:
         raise UserError("refused, nothing pushed: " + " | ".join(refused))
     return ready
@@ -92,19 +96,19 @@ def _engine_push(engine: docker.DockerClient, repository: str, tag: str, auth: d
     return digest
 
 
-def _push_versioned(
+def push_image(
     engine: docker.DockerClient, registry: Registry, grid: Matrix, item: Publication, report: Report
 ) -> None:
     repository = f"{grid.spec.registry}/{grid.spec.repository}"
-    tag = item.cell.tag
+    tag = item.target
     current = registry.manifest(grid.spec.repository, tag)
     repo_digests = engine.images.get(item.image_id).attrs.get("RepoDigests") or []
     if current and f"{repository}@{current.digest}" in repo_digests:
         item.digest, item.unchanged = current.digest, True
         return
     engine.images.get(item.image_id).tag(repository, tag)
-    user, password = credentials()
-    auth = {"username": user, "password": password or ""} if user else None
+    found = registry.credentials
+    auth = {"username": found.username, "password": found.password} if found else None
     report(f"pushing {repository}:{tag}")
     pushed = ""
     for attempt in range(3):  # the engine retries layers itself; this covers a dropped connection
@@ -124,19 +128,36 @@ def _push_versioned(
     item.digest = verified.digest
 
 
-def _push_metadata(engine: docker.DockerClient, registry: Registry, grid: Matrix, item: Publication) -> None:
-    locks = [p for p in (item.cell.directory / lock.STACK_LOCK, item.cell.directory / lock.FLAVOR_LOCK) if p.exists()]
-    document = sbom.build_sbom(engine, item.image_id, item.cell, locks, item.cell.tag)
-    annotations = {"org.opencontainers.image.ref.name": item.cell.tag, "io.torch-images.subject": item.digest}
-    registry.push_artifact(
-        grid.spec.repository, f"{item.cell.tag}.sbom", json.dumps(document, sort_keys=True).encode(),
-        "application/vnd.cyclonedx+json", annotations,
-    )  # fmt: skip
-    selftest = {k: v for k, v in item.report.items() if k != "table"}
-    registry.push_artifact(
-        grid.spec.repository, f"{item.cell.tag}.selftest", json.dumps(selftest, sort_keys=True).encode(),
-        "application/vnd.torch-images.selftest.v1+json", annotations,
-    )  # fmt: skip
+ARTIFACT_TYPES = {"sbom": "application/vnd.cyclonedx+json", "selftest": "application/vnd.torch-images.selftest.v1+json"}
+
+
+def missing_artifacts(registry: Registry, grid: Matrix, item: Publication) -> list[str]:
+    """Which of the image's SBOM and self-test report the registry lacks, attached to its
+    digest: a publish is complete only when the image and both are there."""
+    attached = {str(m.get("artifactType")) for m in registry.referrers(grid.spec.repository, item.digest)}
+    return [kind for kind, media_type in ARTIFACT_TYPES.items() if media_type not in attached]
+
+
+def _push_metadata(
+    engine: docker.DockerClient, registry: Registry, grid: Matrix, item: Publication, kinds: list[str]
+) -> None:
+    subject = registry.manifest(grid.spec.repository, item.target)
+    if subject is None or subject.digest != item.digest:
+        raise UserError(f"{grid.spec.repository}:{item.target} changed while publishing; aliases left where they were")
+    annotations = {"org.opencontainers.image.ref.name": item.cell.tag, "io.torch-images.build-id": item.build_id}
+    documents: dict[str, object] = {}
+    if "sbom" in kinds:
+        locks = [
+            p for p in (item.cell.directory / lock.STACK_LOCK, item.cell.directory / lock.FLAVOR_LOCK) if p.exists()
+        ]
+        documents["sbom"] = sbom.build_sbom(engine, item.image_id, item.cell, locks, item.cell.tag)
+    if "selftest" in kinds:
+        documents["selftest"] = {k: v for k, v in item.report.items() if k != "table"}
+    for kind, document in documents.items():
+        registry.push_artifact(
+            grid.spec.repository, f"{item.target}.{kind}", json.dumps(document, sort_keys=True).encode(),
+            ARTIFACT_TYPES[kind], annotations, subject,
+        )  # fmt: skip
 
 
 def _move_aliases(registry: Registry, grid: Matrix, items: list[Publication], report: Report) -> None:
@@ -170,25 +191,51 @@ def publish(
     report: Report = print,
     records_dir: Path | None = None,
     readme: Path | None = None,
+    ca_file: Path | None = None,
+    insecure: bool = False,
 ) -> list[Publication]:
     """Publish the cells; records go to published/ beside the matrix file, and the table of
     published tags into the README.md beside it (where that README has the table's markers)."""
-    records_dir = records_dir or grid.path.resolve().parent / "published"
-    readme = readme or grid.path.resolve().parent / "README.md"
     items = gate(engine, grid, cells)
-    registry = Registry(grid.spec.registry, *credentials())
+    registry = Registry.for_publishing(grid.spec.registry, ca_file, insecure)
     registry.check()
     for item in items:
-        _push_versioned(engine, registry, grid, item, report)
+        push_image(engine, registry, grid, item, report)
     for item in items:
-        if not item.unchanged:
-            _push_metadata(engine, registry, grid, item)
+        attach_missing(engine, registry, grid, item, report)
+    finish(registry, grid, items, report, records_dir, readme)
+    return items
+
+
+def attach_missing(
+    engine: docker.DockerClient, registry: Registry, grid: Matrix, item: Publication, report: Report
+) -> None:
+    """Attach what the image's digest lacks; also for an image already there, so a publish cut
+    short before its artifacts is finished by the next run."""
+    missing = missing_artifacts(registry, grid, item)
+    if missing:
+        report(f"attaching {', '.join(missing)} to {item.target} ({item.digest[:19]})")
+        _push_metadata(engine, registry, grid, item, missing)
+        item.attached = missing
+
+
+def finish(
+    registry: Registry,
+    grid: Matrix,
+    items: list[Publication],
+    report: Report,
+    records_dir: Path | None = None,
+    readme: Path | None = None,
+) -> None:
+    """The last steps, once every image and its artifacts are in the registry: the aliases
+    move, then the records and the README's table."""
+    records_dir = records_dir or grid.path.resolve().parent / "published"
+    readme = readme or grid.path.resolve().parent / "README.md"
     _move_aliases(registry, grid, items, report)
     for item in items:
-        if not item.unchanged or item.moved_aliases:
+        if not item.unchanged or item.moved_aliases or item.attached:
             write_record(grid, item, records_dir)
     update_readme_table(readme, records_dir)
-    return items
 
 
 def write_record(grid: Matrix, item: Publication, records_dir: Path) -> Path:
@@ -199,6 +246,7 @@ def write_record(grid: Matrix, item: Publication, records_dir: Path) -> Path:
         "tags": [item.cell.tag, *item.cell.aliases],
         "digest": item.digest,
         "image_id": item.image_id,
+        "build_id": item.build_id,
         "selftest": {
             "status": item.report.get("status"),
             "device": item.report.get("device"),
@@ -206,6 +254,7 @@ def write_record(grid: Matrix, item: Publication, records_dir: Path) -> Path:
             "checks": len(checks),
         },
         "sbom": f"{item.cell.tag}.sbom",
+        "attached": {kind: ARTIFACT_TYPES[kind] for kind in ARTIFACT_TYPES},  # to the digest, as OCI referrers
         "published": times.iso_utc(time.time()),
     }
     records_dir.mkdir(parents=True, exist_ok=True)

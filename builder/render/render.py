@@ -62,7 +62,7 @@ def double_quoted(value: object) -> str:
     return re.sub(r'(["\\$])', r"\\\1", str(value))
 
 
-def _environment() -> jinja2.Environment:
+def environment() -> jinja2.Environment:
     environment = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES),
         undefined=jinja2.StrictUndefined,
@@ -135,7 +135,7 @@ def rendered(locks: CellLocks, grid: Matrix, settle: bool = True) -> dict[Path, 
     cell = locks.cell
     values = context(locks, grid, settle)
     check_values(values)
-    dockerfile = _environment().get_template("Dockerfile.j2").render(values)
+    dockerfile = environment().get_template("Dockerfile.j2").render(values)
     spec = {
         "_generated": NOTICE,
         **cell.spec(),

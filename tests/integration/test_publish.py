@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import itertools
 import json
 import time
@@ -12,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from builder.build import smoke
+from builder.build import build, smoke, wheelhouse
 from builder.errors import UserError
 from builder.plan.matrix import Matrix
-from builder.publish import loopback, publish
-from builder.publish.registry import Registry
+from builder.publish import existing, loopback, publish, staging
+from builder.publish.registry import Manifest, Registry
+from tests import registry_fixtures
 from tests.integration.conftest import BuiltCell
 
 pytestmark = pytest.mark.integration
@@ -27,21 +30,40 @@ class RunningRegistry:
     host: str
     user: str | None = None
     password: str | None = None
+    ca: Path | None = None  # set when it serves HTTPS
+    issuer: registry_fixtures.TokenIssuer | None = None  # set when it wants tokens
 
     def api(self) -> Registry:
-        return Registry(self.host, self.user, self.password, retries=1, backoff_s=0.1)
+        return Registry(self.host, self.user, self.password, retries=1, backoff_s=0.1, ca_file=self.ca)
 
 
 @pytest.fixture
 def start_registry(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
+    """start(user, password, tls=False, token=False): a registry on loopback, with htpasswd
+    authentication for `user` (or token authentication through a test token issuer), and HTTPS
+    with a certificate from a test CA when `tls`."""
     if not Path(loopback.REGISTRY_BINARY).exists():
         pytest.fail("docker-registry is not installed; `nox -s tests` installs Debian's docker-registry")
     with contextlib.ExitStack() as running:
         started = itertools.count()
 
-        def start(user: str | None = None, password: str | None = None) -> RunningRegistry:
+        def start(
+            user: str | None = None,
+            password: str | None = None,
+            tls: bool = False,
+            token: bool = False,
+            ttl_s: int = 300,
+        ) -> RunningRegistry:
             root = tmp_path / f"registry-{next(started)}"
-            return RunningRegistry(running.enter_context(loopback.registry(root, user, password)), user, password)
+            certificate = registry_fixtures.server_certificate(root / "pki") if tls else None
+            https = loopback.Tls(certificate.certificate, certificate.key) if certificate else None
+            issuer, auth = None, None
+            if token:
+                issuer = registry_fixtures.TokenIssuer(root / "issuer", user or "ci", password or "", ttl_s=ttl_s)
+                running.enter_context(issuer.serving())
+                auth = loopback.TokenAuth(issuer.realm, issuer.service, issuer.issuer, issuer.certificate)
+            host = running.enter_context(loopback.registry(root, None if token else user, password, https, auth))
+            return RunningRegistry(host, user, password, certificate.ca if certificate else None, issuer)
 
         yield start
 
@@ -54,6 +76,7 @@ def _grid_for(built: BuiltCell, registry: RunningRegistry) -> Matrix:
 def _publish(
     built: BuiltCell, registry: RunningRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> list[publish.Publication]:
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "no-docker-config"))  # the host's logins play no part
     if registry.user:
         monkeypatch.setenv("TORCH_IMAGES_REGISTRY_USER", registry.user)
         monkeypatch.setenv("TORCH_IMAGES_REGISTRY_PASSWORD", registry.password or "")
@@ -61,7 +84,13 @@ def _publish(
     if not readme.exists():
         readme.write_text(f"# x\n{publish.TABLE_START}\nNothing published yet.\n{publish.TABLE_END}\n")
     return publish.publish(
-        built.client, _grid_for(built, registry), [built.cell], lambda _: None, tmp_path / "records", readme
+        built.client,
+        _grid_for(built, registry),
+        [built.cell],
+        lambda _: None,
+        tmp_path / "records",
+        readme,
+        ca_file=registry.ca,
     )
 
 
@@ -91,8 +120,12 @@ def test_publish_pushes_the_verified_tag_then_aliases_and_the_pulled_image_passe
     )
     assert any(p.startswith("pkg:deb/debian/libc6@") for p in purls)
     assert api.manifest("torch", f"{built.cell.tag}.selftest") is not None
+    attached = {m["artifactType"] for m in api.referrers("torch", item.digest)}
+    assert attached == set(publish.ARTIFACT_TYPES.values())  # found from the image's digest alone
     record = json.loads((tmp_path / "records" / f"{built.cell.name}.json").read_text())
     assert record["digest"] == item.digest and record["selftest"]["status"] == "pass"
+    build_id = built.client.images.get(built.image_id).labels["io.torch-images.build-id"]
+    assert record["build_id"] == build_id and len(build_id) == 32
     assert f"`{registry.host}/torch:{built.cell.tag}`" in (tmp_path / "README.md").read_text()
 
     # Remove every local name of the image, pull it back from the registry, self-test it there.
@@ -176,3 +209,159 @@ def test_a_registry_that_is_down_is_a_clear_error_after_retries(
     with pytest.raises(UserError, match=r"did not answer after 5 tries"):
         _publish(built, down, tmp_path, monkeypatch)
     assert time.monotonic() - started >= 0.5 + 1 + 2 + 4  # it backed off between tries
+
+
+def test_publish_through_token_authentication_over_https_with_the_registrys_ca(
+    built: BuiltCell,
+    smoke_result: smoke.SmokeResult,
+    start_registry,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    # What Docker Hub, GHCR, Quay, Harbor, GitLab and ECR do: a Bearer challenge naming a token
+    # service, which takes the basic credentials and returns a signed token for the scope asked.
+    registry = start_registry("ci", "t0ken-s3cret", tls=True, token=True)
+    assert registry.issuer is not None and registry.ca is not None
+    wrong = RunningRegistry(registry.host, "ci", "wrong", registry.ca)
+    with pytest.raises(UserError) as refused:
+        _publish(built, wrong, tmp_path, monkeypatch)
+    assert "refused the credentials from TORCH_IMAGES_REGISTRY_USER" in refused.value.line()
+    assert "wrong" not in refused.value.line() and registry.issuer.refused >= 1
+    assert registry.api().manifest("torch", built.cell.tag) is None  # nothing half-published
+
+    [item] = _publish(built, registry, tmp_path, monkeypatch)
+    api = registry.api()
+    assert api.manifest("torch", built.cell.tag).digest == item.digest  # type: ignore[union-attr]
+    for alias in built.cell.aliases:
+        assert api.manifest("torch", alias).digest == item.digest  # type: ignore[union-attr]
+    assert {m["artifactType"] for m in api.referrers("torch", item.digest)} == set(publish.ARTIFACT_TYPES.values())
+    assert any("repository:torch:" in scope and "push" in scope for scope in registry.issuer.issued)
+    record = (tmp_path / "records" / f"{built.cell.name}.json").read_text()
+    assert "t0ken-s3cret" not in record and "t0ken-s3cret" not in (tmp_path / "README.md").read_text()
+
+    # The registry's certificate is checked: another CA's is refused in one line.
+    other = registry_fixtures.server_certificate(tmp_path / "other-pki")
+    stranger = Registry(registry.host, "ci", "t0ken-s3cret", retries=0, ca_file=other.ca)
+    with pytest.raises(UserError, match="TLS certificate is not trusted; give its CA with --registry-ca"):
+        stranger.check()
+
+
+def test_an_expired_token_is_renewed_and_a_new_scope_gets_a_new_token(start_registry) -> None:  # type: ignore[no-untyped-def]
+    # distribution accepts a token up to 60 s past its expiry (clock-skew leeway): expiring 58 s
+    # before it is issued, a token is good for 2 s.
+    registry = start_registry("ci", "s3cret", token=True, ttl_s=2 - 60)
+    api = registry.api()
+    api.check()
+    digest = api.upload_blob("torch", b"first")
+    issued = len(registry.issuer.issued)
+    time.sleep(3)  # the token has expired: the registry answers 401 with a fresh challenge
+    assert api.blob("torch", digest) == b"first"
+    assert len(registry.issuer.issued) > issued
+
+
+def test_a_rerun_finishes_a_publish_cut_short_before_its_artifacts_and_moves_aliases_last(
+    built: BuiltCell,
+    smoke_result: smoke.SmokeResult,
+    start_registry,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    # Seen before: the registry stopped during publishing; the rerun moved the aliases but never
+    # pushed the SBOM and report. A publish is complete only with all three.
+    registry = start_registry()
+
+    def cut(*args: object, **kwargs: object) -> str:
+        raise UserError("registry went away")
+
+    with monkeypatch.context() as broken:
+        broken.setattr(Registry, "push_artifact", cut)
+        with pytest.raises(UserError, match="registry went away"):
+            _publish(built, registry, tmp_path, monkeypatch)
+    api = registry.api()
+    pushed = api.manifest("torch", built.cell.tag)
+    assert pushed is not None and api.referrers("torch", pushed.digest) == []
+    assert all(api.manifest("torch", alias) is None for alias in built.cell.aliases)  # no alias moved
+
+    [item] = _publish(built, registry, tmp_path, monkeypatch)
+    assert item.unchanged and sorted(item.attached) == ["sbom", "selftest"]
+    assert {m["artifactType"] for m in api.referrers("torch", item.digest)} == set(publish.ARTIFACT_TYPES.values())
+    assert all(api.manifest("torch", alias).digest == item.digest for alias in built.cell.aliases)  # type: ignore[union-attr]
+    [again] = _publish(built, registry, tmp_path, monkeypatch)
+    assert again.unchanged and again.attached == [] and again.moved_aliases == []
+
+
+def test_skip_existing_does_not_build_a_cell_whose_build_id_is_in_the_registry(
+    built: BuiltCell,
+    smoke_result: smoke.SmokeResult,
+    start_registry,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    registry, empty = start_registry(), start_registry()
+    grid = _grid_for(built, registry)
+    [item] = _publish(built, registry, tmp_path, monkeypatch)
+
+    def build_against(running: RunningRegistry) -> build.BuildResult:
+        published = functools.partial(existing.is_published, running.api(), grid, built.cell)
+        return build.build_cell(
+            built.client, grid, built.cell, wheelhouse.Wheelhouse(), lambda _: None, published=published
+        )
+
+    skipped = build_against(registry)
+    assert skipped.status == "in registry" and skipped.image_id == ""
+    assert existing.published_build_id(registry.api(), "torch", built.cell.tag) == skipped.build_id == item.build_id
+    assert build_against(empty).status == "unchanged"  # not in that registry: the engine's copy is found instead
+
+
+def test_ci_stages_each_cell_then_promotes_from_the_registry_alone(
+    built: BuiltCell,
+    smoke_result: smoke.SmokeResult,
+    start_registry,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "no-docker-config"))
+    running = start_registry()
+    grid, api, say = _grid_for(built, running), running.api(), lambda _: None
+    records, readme = tmp_path / "records", tmp_path / "README.md"
+    readme.write_text(f"# x\n{publish.TABLE_START}\n{publish.TABLE_END}\n")
+
+    [staged] = staging.stage(built.client, api, grid, [built.cell], "r1", say)
+    tag = staging.staging_tag(built.cell, "r1")
+    assert api.manifest("torch", tag).digest == staged.digest  # type: ignore[union-attr]
+    assert api.manifest("torch", built.cell.tag) is None  # staging moves no versioned tag
+    assert all(api.manifest("torch", alias) is None for alias in built.cell.aliases)
+
+    # The gate reads the registry: a run that staged nothing, or an image whose attached
+    # report is not a pass for exactly that image, promotes nothing.
+    with pytest.raises(UserError, match=r"not staged \(.*staging-r2 is not in"):
+        staging.promote(api, grid, [built.cell], "r2", say, records, readme)
+    good = api.manifest("torch", tag)
+    assert good is not None
+    body = json.dumps({**json.loads(good.body), "annotations": {"test": "another image"}}).encode()
+    other = Manifest(body, good.media_type, "sha256:" + hashlib.sha256(body).hexdigest())
+    api.put_manifest("torch", staging.staging_tag(built.cell, "bad"), other)
+    failing = json.dumps({**smoke_result.report, "status": "fail"}).encode()
+    api.push_artifact("torch", "bad.selftest", failing, publish.ARTIFACT_TYPES["selftest"], {}, other)
+    api.push_artifact("torch", "bad.sbom", b"{}", publish.ARTIFACT_TYPES["sbom"], {}, other)
+    with pytest.raises(UserError, match="the attached self-test report is not a pass for image"):
+        staging.promote(api, grid, [built.cell], "bad", say, records, readme)
+    assert api.manifest("torch", built.cell.tag) is None
+
+    # Promotion needs no engine: the versioned tag takes the staged manifest, then the aliases.
+    [promoted] = staging.promote(api, grid, [built.cell], "r1", say, records, readme)
+    assert api.manifest("torch", built.cell.tag).digest == staged.digest  # type: ignore[union-attr]
+    assert all(api.manifest("torch", a).digest == staged.digest for a in built.cell.aliases)  # type: ignore[union-attr]
+    assert api.manifest("torch", f"{built.cell.tag}.selftest") is not None
+    record = json.loads((records / f"{built.cell.name}.json").read_text())
+    assert record["digest"] == staged.digest and record["build_id"] == staged.build_id and promoted.image_id
+
+    # A cell `build --skip-existing` did not build (no local image) is staged from the registry.
+    local = built.client.images.get(built.reference)
+    built.client.images.remove(built.reference)
+    try:
+        [again] = staging.stage(built.client, api, grid, [built.cell], "r3", say)
+    finally:
+        local.tag(*built.reference.split(":", 1))
+    assert again.digest == staged.digest
+    assert api.manifest("torch", staging.staging_tag(built.cell, "r3")).digest == staged.digest  # type: ignore[union-attr]

@@ -335,10 +335,12 @@ def test_plain_http_is_decided_from_the_resolved_address_not_the_name() -> None:
 
 
 class _Recorder(http.server.BaseHTTPRequestHandler):
-    """Records the Authorization header of every request; redirects as `script` says."""
+    """Records the Authorization header of every request; redirects as `script` says. With
+    `challenge`, a request without credentials gets a basic-authentication challenge."""
 
     seen: list[tuple[str, str, str | None]]
     script: dict[str, tuple[int, dict[str, str]]]
+    challenge = False
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -351,6 +353,8 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
         status, headers = next(
             (value for prefix, value in self.script.items() if self.path.startswith(prefix)), (200, {})
         )
+        if self.challenge and not self.headers.get("Authorization"):
+            status, headers = 401, {"WWW-Authenticate": 'Basic realm="test"'}
         self.send_response(status)
         for key, value in {**headers, "Content-Length": "0"}.items():
             self.send_header(key, value)
@@ -385,11 +389,14 @@ def test_credentials_are_not_sent_to_another_host_on_a_redirect_or_an_upload_loc
         "/v2/torch/blobs/uploads/": (202, {"Location": f"http://{other}/upload/1"}),
         "/v2/torch/manifests/": (307, {"Location": f"http://{other}/elsewhere"}),
     }
+    registry_side.challenge = True
     other_side.script = {"/upload/": (201, {})}
     client = registry.Registry(home, "ci", "s3cret", retries=0)
+    client.check()
     client.upload_blob("torch", b"payload")
     client.manifest("torch", "latest")
-    assert all(auth is not None for _, _, auth in registry_side.seen)  # the registry itself gets them
+    answered = registry_side.seen[1:]  # after the first request's challenge, every one carries them
+    assert answered and all(auth is not None for _, _, auth in answered)  # the registry itself gets them
     assert [(method, path) for method, path, _ in other_side.seen] == [
         ("PUT", next(p for m, p, _ in other_side.seen if m == "PUT")),
         ("GET", "/elsewhere"),

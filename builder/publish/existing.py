@@ -1,0 +1,38 @@
+"""`build --skip-existing`: is a cell's build already in the registry? Its versioned tag's image
+config carries the build ID label (a content hash of every input), so two small reads answer
+it without the image."""
+
+from __future__ import annotations
+
+import json
+
+from builder.build.build import BUILD_ID_LABEL
+from builder.plan.cell import Cell
+from builder.plan.matrix import Matrix
+from builder.publish.registry import OCI_INDEX, Registry
+
+INDEX_TYPES = {OCI_INDEX, "application/vnd.docker.distribution.manifest.list.v2+json"}
+
+
+def published_build_id(registry: Registry, repository: str, tag: str) -> str | None:
+    """The build ID label of the image under `tag`, or None when there is none. For a
+    multi-platform index, that of its linux/amd64 image."""
+    manifest = registry.manifest(repository, tag)
+    if manifest is None:
+        return None
+    document = json.loads(manifest.body)
+    if manifest.media_type in INDEX_TYPES:
+        entry = next(
+            (m for m in document.get("manifests", []) if m.get("platform", {}).get("architecture") == "amd64"), None
+        )
+        image = registry.manifest(repository, entry["digest"]) if entry else None
+        if image is None:
+            return None
+        document = json.loads(image.body)
+    config = json.loads(registry.blob(repository, document["config"]["digest"]))
+    label: str | None = (config.get("config") or {}).get("Labels", {}).get(BUILD_ID_LABEL)
+    return label
+
+
+def is_published(registry: Registry, grid: Matrix, cell: Cell, build_id: str) -> bool:
+    return published_build_id(registry, grid.spec.repository, cell.tag) == build_id

@@ -1,0 +1,162 @@
+"""Publishing across machines, as CI does it: each cell's job stages its image, and one job
+promotes them all once every cell passed.
+
+`publish --stage --run ID`: the image is pushed under a staging tag (`<tag>.staging-<ID>`), its
+SBOM and self-test report attached to its digest; no versioned tag or alias moves. A cell whose
+build ID is already under its versioned tag (`build --skip-existing` did not build it) is staged
+by naming that manifest, registry-side, without a local image.
+
+`publish --promote --run ID`: the gate reads the registry alone, so the machine that promotes
+needs no engine and no image: every cell's staged image must have a passing self-test report
+attached for exactly that image (its config digest) and an SBOM. Only then do the versioned tags
+take the staged manifests (byte for byte: the same digests), and then the aliases move, last.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import docker
+
+from builder.build import build
+from builder.errors import UserError
+from builder.plan.cell import Cell
+from builder.plan.matrix import Matrix
+from builder.publish import existing, publish
+from builder.publish.publish import ARTIFACT_TYPES, Publication
+from builder.publish.registry import Registry
+from builder.spec import grammar
+
+Report = Callable[[str], None]
+RUN = grammar.Grammar(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,39}", "a run ID of letters, digits, '_' and '-' (CI's run number)")
+
+
+def staging_tag(cell: Cell, run: str) -> str:
+    return f"{cell.tag}.staging-{run}"[:128]
+
+
+def check_run(run: str) -> str:
+    if not RUN.matches(run):
+        raise UserError(f"--run {run!r} is not a run ID: write {RUN.hint}")
+    return run
+
+
+def stage(
+    engine: docker.DockerClient, registry: Registry, grid: Matrix, cells: list[Cell], run: str, report: Report
+) -> list[Publication]:
+    check_run(run)
+    local = [c for c in cells if _built_here(engine, grid, c)]
+    items = publish.gate(engine, grid, local)
+    for item in items:
+        item.staging_tag = staging_tag(item.cell, run)
+        publish.push_image(engine, registry, grid, item, report)
+        publish.attach_missing(engine, registry, grid, item, report)
+    for cell in (c for c in cells if c not in local):
+        items.append(_stage_published(engine, registry, grid, cell, run, report))
+    return items
+
+
+def _built_here(engine: docker.DockerClient, grid: Matrix, cell: Cell) -> bool:
+    try:
+        engine.images.get(build.local_reference(grid, cell))
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+def _stage_published(
+    engine: docker.DockerClient, registry: Registry, grid: Matrix, cell: Cell, run: str, report: Report
+) -> Publication:
+    """A cell not built here because its build is in the registry: stage that manifest."""
+    _, build_id = build.cell_build_id(engine, grid, cell, report=report)
+    if not existing.is_published(registry, grid, cell, build_id):
+        raise UserError(
+            f"{cell.name}: not built here and build ID {build_id[:12]} is not in {grid.spec.registry}; "
+            f"run `python -m builder build {cell.name}`"
+        )
+    manifest = registry.manifest(grid.spec.repository, cell.tag)
+    assert manifest is not None  # is_published read it
+    registry.put_manifest(grid.spec.repository, staging_tag(cell, run), manifest)
+    report(f"{cell.name}: staged the published {cell.tag} ({manifest.digest[:19]}), build ID {build_id[:12]}")
+    return Publication(cell, "", {}, build_id=build_id, digest=manifest.digest, unchanged=True)
+
+
+def gate_in_registry(registry: Registry, grid: Matrix, cells: list[Cell], run: str) -> list[Publication]:
+    """Every cell staged in this run, with a passing self-test of exactly that image and an SBOM
+    attached to its digest; refuses them all, naming each one, otherwise."""
+    check_run(run)
+    ready, refused = [], []
+    for cell in cells:
+        found = _staged(registry, grid, cell, run)
+        if isinstance(found, str):
+            refused.append(f"{cell.name}: {found}")
+        else:
+            ready.append(found)
+    if refused:
+        raise UserError("refused, nothing promoted: " + " | ".join(refused))
+    return ready
+
+
+def _staged(registry: Registry, grid: Matrix, cell: Cell, run: str) -> Publication | str:
+    repository, tag = grid.spec.repository, staging_tag(cell, run)
+    manifest = registry.manifest(repository, tag)
+    if manifest is None:
+        return f"not staged ({tag} is not in {grid.spec.registry})"
+    image_id = json.loads(manifest.body)["config"]["digest"]
+    attached = {str(m.get("artifactType")): str(m["digest"]) for m in registry.referrers(repository, manifest.digest)}
+    if ARTIFACT_TYPES["sbom"] not in attached:
+        return f"no SBOM attached to {manifest.digest[:19]}"
+    if ARTIFACT_TYPES["selftest"] not in attached:
+        return f"no self-test report attached to {manifest.digest[:19]}"
+    report = _artifact_document(registry, repository, attached[ARTIFACT_TYPES["selftest"]])
+    if report.get("status") != "pass" or report.get("image_id") != image_id:
+        return f"the attached self-test report is not a pass for image {image_id[7:19]}"
+    build_id = existing.published_build_id(registry, repository, tag) or ""
+    return Publication(cell, image_id, report, build_id=build_id, digest=manifest.digest)
+
+
+def _artifact_document(registry: Registry, repository: str, digest: str) -> dict[str, object]:
+    manifest = registry.manifest(repository, digest)
+    if manifest is None:
+        raise UserError(f"registry {registry.host} lists artifact {digest} but does not serve it")
+    layer = json.loads(manifest.body)["layers"][0]["digest"]
+    document: dict[str, object] = json.loads(registry.blob(repository, layer))
+    return document
+
+
+def promote(
+    registry: Registry,
+    grid: Matrix,
+    cells: list[Cell],
+    run: str,
+    report: Report,
+    records_dir: Path | None = None,
+    readme: Path | None = None,
+) -> list[Publication]:
+    items = gate_in_registry(registry, grid, cells, run)
+    repository = grid.spec.repository
+    for item in items:
+        current = registry.manifest(repository, item.cell.tag)
+        if current is not None and current.digest == item.digest:
+            item.unchanged = True
+            continue
+        staged = registry.manifest(repository, staging_tag(item.cell, run))
+        if staged is None or staged.digest != item.digest:
+            raise UserError(f"{repository}:{staging_tag(item.cell, run)} changed while promoting; nothing moved")
+        registry.put_manifest(repository, item.cell.tag, staged)
+        report(f"{item.cell.tag} -> {item.digest[:19]}")
+        _name_artifacts(registry, repository, item)
+    publish.finish(registry, grid, items, report, records_dir, readme)
+    return items
+
+
+def _name_artifacts(registry: Registry, repository: str, item: Publication) -> None:
+    """The attached SBOM and report also under `<tag>.sbom` and `<tag>.selftest`, for tools that
+    find artifacts by tag rather than through the referrers API."""
+    by_type = {str(m.get("artifactType")): str(m["digest"]) for m in registry.referrers(repository, item.digest)}
+    for kind, media_type in ARTIFACT_TYPES.items():
+        manifest = registry.manifest(repository, by_type[media_type])
+        if manifest is not None:
+            registry.put_manifest(repository, f"{item.cell.tag}.{kind}", manifest)

@@ -1,0 +1,135 @@
+"""What the registry tests need besides the registry: certificates made with openssl, and a small
+token issuer (the service a registry's `WWW-Authenticate: Bearer realm=...` points at) that
+checks basic credentials and signs tokens with the test key, as Docker Hub's or GHCR's do."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import json
+import secrets
+import subprocess
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+@dataclass(frozen=True)
+class ServerCertificate:
+    ca: Path  # what a client is told to trust
+    certificate: Path
+    key: Path
+
+
+def server_certificate(directory: Path, ip: str = "127.0.0.1") -> ServerCertificate:
+    """A CA, and a certificate it signed for `ip` (a subjectAltName, as clients check)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca, ca_key = directory / "ca.pem", directory / "ca-key.pem"
+    cert, key, request = directory / "server.pem", directory / "server-key.pem", directory / "server.csr"
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(ca_key), "-out", str(ca),
+             "-days", "2", "-subj", "/CN=torch-images test CA")  # fmt: skip
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(request), "-subj", f"/CN={ip}")
+    extensions = directory / "san.cnf"
+    extensions.write_text(f"subjectAltName=IP:{ip}\nextendedKeyUsage=serverAuth\n")
+    _openssl("x509", "-req", "-in", str(request), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+             "-out", str(cert), "-days", "2", "-extfile", str(extensions))  # fmt: skip
+    return ServerCertificate(ca, cert, key)
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+@dataclass
+class TokenIssuer:
+    """Issues RS256 tokens for the scopes asked, to the one user it knows; `ttl_s` short makes
+    them expire while a test runs. `issued` counts tokens, `refused` wrong credentials."""
+
+    directory: Path
+    user: str
+    password: str
+    service: str = "torch-images-test-registry"
+    issuer: str = "torch-images-test-issuer"
+    ttl_s: int = 300
+    issued: list[str] = field(default_factory=list)  # the scope of each token issued
+    refused: int = 0
+    port: int = 0
+
+    def __post_init__(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.key, self.certificate = self.directory / "issuer-key.pem", self.directory / "issuer.pem"
+        _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(self.key), "-out",
+                 str(self.certificate), "-days", "2", "-subj", f"/CN={self.issuer}")  # fmt: skip
+        der = subprocess.run(
+            ["openssl", "x509", "-in", str(self.certificate), "-outform", "DER"], check=True, capture_output=True
+        ).stdout
+        self.chain = [base64.b64encode(der).decode()]
+
+    @property
+    def realm(self) -> str:
+        return f"http://127.0.0.1:{self.port}/token"
+
+    def _sign(self, data: bytes) -> bytes:
+        return subprocess.run(
+            ["openssl", "dgst", "-sha256", "-sign", str(self.key)], input=data, check=True, capture_output=True
+        ).stdout
+
+    def token(self, scopes: list[str]) -> str:
+        now = int(time.time())
+        access = []
+        for scope in scopes:
+            kind, _, rest = scope.partition(":")
+            name, _, actions = rest.rpartition(":")
+            access.append({"type": kind, "name": name, "actions": [a for a in actions.split(",") if a]})
+        header = {"alg": "RS256", "typ": "JWT", "x5c": self.chain}
+        claims = {"iss": self.issuer, "sub": self.user, "aud": self.service, "exp": now + self.ttl_s,
+                  "nbf": now - 5, "iat": now, "jti": secrets.token_hex(8), "access": access}  # fmt: skip
+        signing_input = f"{_b64url(json.dumps(header).encode())}.{_b64url(json.dumps(claims).encode())}"
+        return f"{signing_input}.{_b64url(self._sign(signing_input.encode()))}"
+
+    def authorised(self, header: str | None) -> bool:
+        expected = "Basic " + base64.b64encode(f"{self.user}:{self.password}".encode()).decode()
+        return header == expected
+
+    @contextmanager
+    def serving(self) -> Iterator[TokenIssuer]:
+        issuer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+                if not issuer.authorised(self.headers.get("Authorization")):
+                    issuer.refused += 1
+                    self.send_response(401)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                scopes = query.get("scope", [])
+                issuer.issued.append(" ".join(scopes))
+                body = json.dumps({"token": issuer.token(scopes), "expires_in": issuer.ttl_s}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = server.server_address[1]
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            server.shutdown()
+            server.server_close()

@@ -1,0 +1,82 @@
+"""Registry credentials are found the way docker finds them, and never shown."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from builder.errors import UserError
+from builder.publish import registry
+
+
+def _docker_config(tmp_path: Path, document: dict[str, object]) -> dict[str, str]:
+    folder = tmp_path / "docker"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(document))
+    return {"DOCKER_CONFIG": str(folder)}
+
+
+def _helper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, username: str, secret: str) -> Path:
+    """A docker credential helper on PATH that records the host it was asked about."""
+    folder = tmp_path / "bin"
+    folder.mkdir(exist_ok=True)
+    asked = tmp_path / f"{name}-asked"
+    script = folder / f"docker-credential-{name}"
+    script.write_text(
+        f'#!/bin/sh\ncat > {asked}\nprintf \'{{"ServerURL": "x", "Username": "{username}", "Secret": "{secret}"}}\'\n'
+    )
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    return asked
+
+
+def test_a_credential_helper_named_for_the_host_is_asked_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    asked = _helper(tmp_path, monkeypatch, "torchtest", "helper-user", "helper-s3cret")
+    environ = _docker_config(tmp_path, {"credHelpers": {"ghcr.io": "torchtest"}})
+    environ.update({registry.USER_VARIABLE: "env-user", registry.PASSWORD_VARIABLE: "env-pass"})
+    found = registry.find_credentials("ghcr.io", environ)
+    assert found is not None and (found.username, found.password) == ("helper-user", "helper-s3cret")
+    assert asked.read_text() == "ghcr.io"
+    assert "credHelpers (torchtest)" in found.source and "helper-s3cret" not in repr(found)
+
+
+def test_auths_and_creds_store_come_before_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _helper(tmp_path, monkeypatch, "store", "store-user", "store-pass")
+    inline = base64.b64encode(b"inline-user:inline-pass").decode()
+    environ = _docker_config(tmp_path, {"auths": {"harbor.example": {"auth": inline}}, "credsStore": "store"})
+    environ[registry.USER_VARIABLE] = "env-user"
+    by_auths = registry.find_credentials("harbor.example", environ)
+    assert by_auths is not None and (by_auths.username, by_auths.password) == ("inline-user", "inline-pass")
+    by_store = registry.find_credentials("quay.io", environ)
+    assert by_store is not None and by_store.username == "store-user" and "credsStore (store)" in by_store.source
+
+
+def test_the_environment_is_the_fallback(tmp_path: Path) -> None:
+    environ = _docker_config(tmp_path, {"auths": {}})
+    assert registry.find_credentials("ghcr.io", environ) is None
+    environ.update({registry.USER_VARIABLE: "ci", registry.PASSWORD_VARIABLE: "s3cret"})
+    found = registry.find_credentials("ghcr.io", environ)
+    assert found is not None and found.source == registry.USER_VARIABLE and "s3cret" not in repr(found)
+
+
+def test_a_broken_docker_config_is_one_line_naming_the_file(tmp_path: Path) -> None:
+    (tmp_path / "docker").mkdir()
+    (tmp_path / "docker" / "config.json").write_text("{not json")
+    with pytest.raises(UserError) as caught:
+        registry.find_credentials("ghcr.io", {"DOCKER_CONFIG": str(tmp_path / "docker")})
+    assert f"{tmp_path / 'docker' / 'config.json'}: not a docker config file" in caught.value.line()
+
+
+def test_https_unless_loopback_or_insecure_and_a_ca_file_means_https(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("")
+    assert registry.Registry("ghcr.io").base.startswith("https://")
+    assert registry.Registry("127.0.0.1:5000").base.startswith("http://")
+    assert registry.Registry("127.0.0.1:5000", ca_file=ca).base.startswith("https://")
+    assert registry.Registry("registry.internal:5000", insecure=True).base.startswith("http://")
+    assert registry.Registry("ghcr.io").session.verify == registry.system_ca_bundle()
