@@ -5,9 +5,11 @@ checks basic credentials and signs tokens with the test key, as Docker Hub's or 
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.server
 import json
 import secrets
+import socket
 import subprocess
 import threading
 import time
@@ -133,3 +135,51 @@ class TokenIssuer:
         finally:
             server.shutdown()
             server.server_close()
+
+
+@dataclass
+class CuttingProxy:
+    """A TCP proxy on loopback in front of a registry that cuts the first connection carrying
+    more than `cut_after` bytes upstream (a push), as a dropped network would, then forwards
+    everything else untouched."""
+
+    target_port: int
+    cut_after: int = 32 << 20
+    cuts: int = 0
+    port: int = 0
+
+    def _pump(self, source: socket.socket, sink: socket.socket, upstream: bool) -> None:
+        sent = 0
+        try:
+            while data := source.recv(1 << 16):
+                sent += len(data) if upstream else 0
+                if upstream and self.cuts == 0 and sent > self.cut_after:
+                    self.cuts += 1
+                    break
+                sink.sendall(data)
+        except OSError:
+            pass
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+            end.close()
+
+    def _serve(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    @contextmanager
+    def serving(self) -> Iterator[str]:
+        listener = socket.create_server(("127.0.0.1", 0))
+        self.port = listener.getsockname()[1]
+        threading.Thread(target=self._serve, args=(listener,), daemon=True).start()
+        try:
+            yield f"127.0.0.1:{self.port}"
+        finally:
+            listener.close()

@@ -12,16 +12,18 @@ import os
 import shutil
 import subprocess
 import tempfile
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import docker
 import docker.errors
 
-from builder import digests
+from builder import digests, paths
 from builder.engine import archive
 from builder.errors import UserError
 from builder.plan.cell import BaseImage
+from builder.spec.schema import KeyringSpec
 
 Report = Callable[[str], None]
 
@@ -29,12 +31,14 @@ Report = Callable[[str], None]
 def ensure(engine: docker.DockerClient, base: BaseImage, epoch: int, report: Report = print) -> str:
     """A reference to the base image in the engine, obtaining it the cheapest way available."""
     for reference in (base.local_tag, base.image):
+        if reference is None:
+            continue
         try:
             engine.images.get(reference)
             return reference
         except docker.errors.ImageNotFound:
             pass
-    if os.environ.get("TORCH_IMAGES_NO_PULL") != "1":
+    if base.image is not None and os.environ.get("TORCH_IMAGES_NO_PULL") != "1":
         try:
             report(f"pulling {base.image}")
             engine.images.pull(base.image)
@@ -71,19 +75,31 @@ def _run_bootstrap(base: BaseImage, epoch: int, rootfs: Path, scratch: Path) -> 
         raise UserError(f"{base.bootstrap_tool} is not installed; install it (apt-get install {base.bootstrap_tool})")
     env = {**os.environ, "SOURCE_DATE_EPOCH": str(epoch)}
     components = ",".join(base.components)
+    extra = [f"--include={','.join(base.include)}"] if base.include else []
+    if base.keyring is not None:
+        # apt checks signatures as its unprivileged _apt user, which must be able to read the
+        # keyring: the scratch folder is created private (0700).
+        scratch.chmod(0o755)
+        extra.append(f"--keyring={keyring_file(base.keyring, scratch)}")
     if base.bootstrap_tool == "mmdebstrap":
         mode = "root" if os.geteuid() == 0 else "unshare"
+        # One sources line per suite when there are several; the image's apt keeps them.
+        suites = [base.suite, *base.extra_suites]
+        sources = [f"deb {base.mirror} {suite} {' '.join(base.components)}" for suite in suites]
         command = [
             tool, f"--variant={base.variant}", f"--mode={mode}", "--format=tar", f"--components={components}",
-            "--quiet", base.suite, str(rootfs), base.mirror,
+            *extra, "--quiet", base.suite, str(rootfs), *(sources if base.extra_suites else [base.mirror]),
         ]  # fmt: skip
         result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     else:
+        if base.extra_suites:
+            raise UserError(f"base {base.name}: extra_suites needs mmdebstrap (debootstrap takes one suite)")
         target = scratch / "root"
         command = [
             tool,
             f"--variant={base.variant}",
             f"--components={components}",
+            *extra,
             base.suite,
             str(target),
             base.mirror,
@@ -98,3 +114,30 @@ def _run_bootstrap(base: BaseImage, epoch: int, rootfs: Path, scratch: Path) -> 
     if result.returncode != 0:
         tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
         raise UserError(f"bootstrap of {base.suite} from {base.mirror} failed: {tail[0]}")
+
+
+def keyring_file(keyring: KeyringSpec, scratch: Path) -> Path:
+    """The keyring file from its .deb, fetched once into the cache and checked against its
+    pinned sha256 (the mirror is then checked with it)."""
+    cached = paths.cache_dir("keyrings") / keyring.sha256 / Path(keyring.deb).name
+    if not cached.exists() or digests.sha256_file(cached) != keyring.sha256:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_suffix(".partial")
+        try:
+            with urllib.request.urlopen(keyring.deb, timeout=60) as response, partial.open("wb") as sink:
+                shutil.copyfileobj(response, sink)
+        except OSError as error:
+            raise UserError(f"could not fetch the keyring {keyring.deb} ({getattr(error, 'reason', error)})") from None
+        actual = digests.sha256_file(partial)
+        if actual != keyring.sha256:
+            partial.unlink()
+            raise UserError(
+                f"{keyring.deb} has sha256 {actual}, the matrix pins {keyring.sha256}; nothing bootstrapped"
+            )
+        partial.replace(cached)
+    unpacked = scratch / "keyring"
+    subprocess.run(["dpkg-deb", "-x", str(cached), str(unpacked)], check=True, capture_output=True)
+    found = unpacked / keyring.file
+    if not found.is_file():
+        raise UserError(f"{keyring.deb} has no {keyring.file}; name the keyring file inside it")
+    return found

@@ -74,8 +74,11 @@ class DebianLock:
 
 def fingerprint(cell: Cell) -> str:
     table = flavor.load()
+    base: list[object] = [cell.base.distro, cell.base.suite, cell.base.mirror, list(cell.base.components)]
+    if cell.base.include or cell.base.extra_suites:  # only where set: other bases' fingerprints stay as they were
+        base += [list(cell.base.include), list(cell.base.extra_suites)]
     inputs = {
-        "base": [cell.base.distro, cell.base.suite, cell.base.mirror, list(cell.base.components)],
+        "base": base,
         "common": list(table.common_system(cell.python)),
         "flavor": list(table.flavors[cell.flavor].system),
     }

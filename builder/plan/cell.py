@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.facts.compat import TorchBuild
+from builder.spec.schema import KeyringSpec
 
 
 @dataclass(frozen=True)
@@ -18,16 +19,24 @@ class BaseImage:
     suite: str
     glibc: str
     python: str
-    image: str
+    image: str | None  # the registry's image, by digest; None: bootstrapped only
     mirror: str
     bootstrap_tool: str
     variant: str
     components: tuple[str, ...]
+    include: tuple[str, ...] = ()  # packages the bootstrap adds to the variant's
+    extra_suites: tuple[str, ...] = ()  # searched besides `suite` (noble-updates, noble-security)
+    keyring: KeyringSpec | None = None  # the archive's keys, when the host lacks them
 
     @property
     def local_tag(self) -> str:
         """The engine tag of the bootstrapped base (no registry involved)."""
         return f"torch-images/base:{self.name}"
+
+    @property
+    def reference(self) -> str:
+        """What the Dockerfile names as its base by default (the builder passes the one it used)."""
+        return self.image or self.local_tag
 
 
 @dataclass(frozen=True)
@@ -103,7 +112,7 @@ class Cell:
             "glibc": self.base.glibc,
             "glibc_floor": self.glibc_floor,
             "base": self.base.name,
-            "base_image": self.base.image,
+            "base_image": self.base.reference,
             "distro": f"{self.base.distro} {self.base.suite}",
             "flavor": self.flavor,
             "trtllm": self.trtllm,

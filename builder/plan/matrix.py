@@ -100,6 +100,9 @@ def _base_image(name: str, spec: BaseSpec) -> BaseImage:
         bootstrap_tool=spec.bootstrap.tool,
         variant=spec.bootstrap.variant,
         components=tuple(spec.bootstrap.components),
+        include=tuple(spec.bootstrap.include),
+        extra_suites=tuple(spec.bootstrap.extra_suites),
+        keyring=spec.bootstrap.keyring,
     )
 
 

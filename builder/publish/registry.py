@@ -16,7 +16,9 @@ import base64
 import hashlib
 import ipaddress
 import json
+import logging
 import os
+import shutil
 import socket
 import ssl
 import time
@@ -43,6 +45,9 @@ OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 EMPTY_CONFIG = b"{}"
 USER_VARIABLE, PASSWORD_VARIABLE = "TORCH_IMAGES_REGISTRY_USER", "TORCH_IMAGES_REGISTRY_PASSWORD"
+# oras-py logs its own view of a refusal ("This endpoint requires a token..."); this client says
+# what went wrong in one line of its own, so oras's log stays quiet.
+logging.getLogger("oras").setLevel(logging.CRITICAL)
 
 
 def is_loopback(host: str) -> bool:
@@ -99,6 +104,12 @@ def docker_config_credentials(host: str, config: Path) -> Credentials | None:
         where = f"credHelpers ({helpers[host]})"
     else:
         where = f"credsStore ({store})"
+    helper = helpers.get(host) or (store if where.startswith("credsStore") else None)
+    if helper and not shutil.which(f"docker-credential-{helper}"):
+        raise UserError(
+            f"{config} names the credential helper {helper!r} for {host}, but docker-credential-{helper} "
+            "is not on PATH; install it or run `docker login` again"
+        )
     backend = oras.auth.TokenAuth()
     backend._auth_config = {"auths": dict(auths), "credHelpers": helpers, "credsStore": store}
     if not backend._load_auth(host):

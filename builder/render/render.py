@@ -110,7 +110,7 @@ def context(locks: CellLocks, grid: Matrix, settle: bool = True) -> dict[str, An
         "spec": cell.spec(),
         "facts": facts,
         "accel_text": f"CUDA {facts['cuda']}, cuDNN {facts['cudnn']}" if cell.is_cuda else "CPU",
-        "base_image": cell.base.image,
+        "base_image": cell.base.reference,
         "source_date_epoch": epoch,
         "created": times.iso_utc(epoch),
         "system_packages": table.common_system(cell.python),

@@ -31,6 +31,7 @@ HINTS = {
     for g in (
         grammar.VERSION, grammar.CUDA, grammar.NAME, grammar.DIGEST, grammar.URL, grammar.LOOPBACK,
         grammar.REGISTRY, grammar.REPOSITORY, grammar.RELATIVE_DIR, grammar.FIND_LINKS, grammar.SIZE,
+        grammar.SHA256, grammar.DEBIAN_PACKAGE,
     )
 }  # fmt: skip
 Version = Annotated[str, _field(grammar.VERSION)]
@@ -44,6 +45,8 @@ Repository = Annotated[str, _field(grammar.REPOSITORY)]
 RelativeDir = Annotated[str, _field(grammar.RELATIVE_DIR)]
 FindLinks = Annotated[str, _field(grammar.FIND_LINKS)]
 Size = Annotated[str, _field(grammar.SIZE)]
+Sha256 = Annotated[str, _field(grammar.SHA256)]
+DebianPackage = Annotated[str, _field(grammar.DEBIAN_PACKAGE)]
 
 
 class Strict(BaseModel):
@@ -51,11 +54,28 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, regex_engine="python-re")
 
 
+class KeyringSpec(Strict):
+    """The archive's signing keys for a bootstrap on a host that lacks them (Ubuntu's on a Debian
+    host): one file from a .deb pinned by sha256, so the key that checks the mirror is itself
+    checked."""
+
+    deb: HttpUrl
+    sha256: Sha256
+    file: RelativeDir  # inside the package, e.g. usr/share/keyrings/ubuntu-archive-keyring.gpg
+
+
 class BootstrapSpec(Strict):
     tool: Literal["mmdebstrap", "debootstrap"] = "mmdebstrap"
     mirror: HttpUrl
     variant: Literal["minbase"] = "minbase"
     components: list[Name] = ["main"]
+    # Packages beyond the variant's: Ubuntu's minbase lacks ubuntu-keyring, without which apt in
+    # the image cannot check the archive.
+    include: list[DebianPackage] = []
+    keyring: KeyringSpec | None = None
+    # Suites searched besides the base's own (mmdebstrap only): Ubuntu's release pocket never
+    # changes after release, its fixes come in <suite>-updates and <suite>-security.
+    extra_suites: list[Name] = []
 
 
 class BaseSpec(Strict):
@@ -63,7 +83,7 @@ class BaseSpec(Strict):
     suite: Name
     glibc: Version
     python: Version
-    image: Digest
+    image: Digest | None = None  # pulled where a registry is reachable; without it, always bootstrapped
     bootstrap: BootstrapSpec
 
 

@@ -68,6 +68,11 @@ def start_registry(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
         yield start
 
 
+def _fully_attached(api: Registry, digest: str) -> bool:
+    """The image's SBOM and self-test report are both attached to its digest."""
+    return {m["artifactType"] for m in api.referrers("torch", digest)} == set(publish.ARTIFACT_TYPES.values())
+
+
 def _grid_for(built: BuiltCell, registry: RunningRegistry) -> Matrix:
     grid = built.grid
     return Matrix(grid.path, grid.spec.model_copy(update={"registry": registry.host}), grid.cells, grid.rejected)
@@ -120,8 +125,7 @@ def test_publish_pushes_the_verified_tag_then_aliases_and_the_pulled_image_passe
     )
     assert any(p.startswith("pkg:deb/debian/libc6@") for p in purls)
     assert api.manifest("torch", f"{built.cell.tag}.selftest") is not None
-    attached = {m["artifactType"] for m in api.referrers("torch", item.digest)}
-    assert attached == set(publish.ARTIFACT_TYPES.values())  # found from the image's digest alone
+    assert _fully_attached(api, item.digest)  # found from the image's digest alone
     record = json.loads((tmp_path / "records" / f"{built.cell.name}.json").read_text())
     assert record["digest"] == item.digest and record["selftest"]["status"] == "pass"
     build_id = built.client.images.get(built.image_id).labels["io.torch-images.build-id"]
@@ -234,7 +238,7 @@ def test_publish_through_token_authentication_over_https_with_the_registrys_ca(
     assert api.manifest("torch", built.cell.tag).digest == item.digest  # type: ignore[union-attr]
     for alias in built.cell.aliases:
         assert api.manifest("torch", alias).digest == item.digest  # type: ignore[union-attr]
-    assert {m["artifactType"] for m in api.referrers("torch", item.digest)} == set(publish.ARTIFACT_TYPES.values())
+    assert _fully_attached(api, item.digest)
     assert any("repository:torch:" in scope and "push" in scope for scope in registry.issuer.issued)
     record = (tmp_path / "records" / f"{built.cell.name}.json").read_text()
     assert "t0ken-s3cret" not in record and "t0ken-s3cret" not in (tmp_path / "README.md").read_text()
@@ -242,7 +246,9 @@ def test_publish_through_token_authentication_over_https_with_the_registrys_ca(
     # The registry's certificate is checked: another CA's is refused in one line.
     other = registry_fixtures.server_certificate(tmp_path / "other-pki")
     stranger = Registry(registry.host, "ci", "t0ken-s3cret", retries=0, ca_file=other.ca)
-    with pytest.raises(UserError, match="TLS certificate is not trusted; give its CA with --registry-ca"):
+    with pytest.raises(
+        UserError, match=r"its TLS certificate is not trusted \(SSLError\); give its CA with --registry-ca FILE"
+    ):
         stranger.check()
 
 
@@ -284,7 +290,7 @@ def test_a_rerun_finishes_a_publish_cut_short_before_its_artifacts_and_moves_ali
 
     [item] = _publish(built, registry, tmp_path, monkeypatch)
     assert item.unchanged and sorted(item.attached) == ["sbom", "selftest"]
-    assert {m["artifactType"] for m in api.referrers("torch", item.digest)} == set(publish.ARTIFACT_TYPES.values())
+    assert _fully_attached(api, item.digest)
     assert all(api.manifest("torch", alias).digest == item.digest for alias in built.cell.aliases)  # type: ignore[union-attr]
     [again] = _publish(built, registry, tmp_path, monkeypatch)
     assert again.unchanged and again.attached == [] and again.moved_aliases == []
@@ -365,3 +371,22 @@ def test_ci_stages_each_cell_then_promotes_from_the_registry_alone(
         local.tag(*built.reference.split(":", 1))
     assert again.digest == staged.digest
     assert api.manifest("torch", staging.staging_tag(built.cell, "r3")).digest == staged.digest  # type: ignore[union-attr]
+
+
+def test_a_connection_cut_mid_push_is_retried_and_nothing_is_half_published(
+    built: BuiltCell,
+    smoke_result: smoke.SmokeResult,
+    start_registry,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    behind = start_registry()
+    proxy = registry_fixtures.CuttingProxy(int(behind.host.rsplit(":", 1)[1]))
+    with proxy.serving() as host:
+        cut = RunningRegistry(host)
+        [item] = _publish(built, cut, tmp_path, monkeypatch)
+    assert proxy.cuts == 1  # the push really lost its connection once
+    api = behind.api()  # what the registry itself holds, without the proxy
+    assert api.manifest("torch", built.cell.tag).digest == item.digest  # type: ignore[union-attr]
+    assert _fully_attached(api, item.digest)
+    assert all(api.manifest("torch", a).digest == item.digest for a in built.cell.aliases)  # type: ignore[union-attr]

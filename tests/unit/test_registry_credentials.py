@@ -80,3 +80,11 @@ def test_https_unless_loopback_or_insecure_and_a_ca_file_means_https(tmp_path: P
     assert registry.Registry("127.0.0.1:5000", ca_file=ca).base.startswith("https://")
     assert registry.Registry("registry.internal:5000", insecure=True).base.startswith("http://")
     assert registry.Registry("ghcr.io").session.verify == registry.system_ca_bundle()
+
+
+def test_a_credential_helper_that_is_not_installed_is_one_line(tmp_path: Path) -> None:
+    environ = _docker_config(tmp_path, {"credHelpers": {"ghcr.io": "absent-helper"}})
+    with pytest.raises(UserError) as caught:
+        registry.find_credentials("ghcr.io", environ)
+    assert "names the credential helper 'absent-helper' for ghcr.io" in caught.value.line()
+    assert "docker-credential-absent-helper is not on PATH" in caught.value.line()
