@@ -69,9 +69,14 @@ def certificates(bundle: bytes) -> set[bytes]:
     return {base64.b64decode(b"".join(match.group(1).split())) for match in PEM.finditer(bundle)}
 
 
-def host_only_certificates(host_bundle: bytes, image_bundle: bytes) -> set[bytes]:
-    """Certificates the host trusts that the image's own bundle does not have (a site's proxy CA)."""
-    return certificates(host_bundle) - certificates(image_bundle)
+def host_only_certificates(host_bundle: bytes, image_bundle: bytes, host_public: bytes = b"") -> set[bytes]:
+    """Certificates the host trusts that are neither in the image's own bundle nor among the
+    host distro's public CAs (`host_public`): a site's own CAs, such as a proxy's, which
+    update-ca-certificates adds from /usr/local/share/ca-certificates. Public CAs are taken
+    out because a newer distro in the image may have dropped some that the host's older bundle
+    still has (Ubuntu 24.04's bundle dropped TrustCor, E-Tugra and Hongkong Post Root CA 1,
+    while pip's vendored certifi still carries one of them): those are not a leak."""
+    return certificates(host_bundle) - certificates(image_bundle) - certificates(host_public)
 
 
 def needles(der_certificates: Iterable[bytes]) -> list[bytes]:

@@ -64,7 +64,8 @@ def _certificate(tmp_path: Path, name: str) -> bytes:
 
 def test_certificates_only_the_host_trusts_are_found_and_betrayed_by_their_needles(tmp_path: Path) -> None:
     public, proxy = _certificate(tmp_path, "public-root"), _certificate(tmp_path, "site-proxy")
-    extra = image_checks.host_only_certificates(public + proxy, public)
+    dropped = _certificate(tmp_path, "public-root-a-newer-distro-dropped")
+    extra = image_checks.host_only_certificates(public + dropped + proxy, public, host_public=public + dropped)
     assert extra == image_checks.certificates(proxy) and len(extra) == 1
     needles = image_checks.needles(extra)
     der = next(iter(extra))
