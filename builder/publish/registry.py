@@ -23,6 +23,7 @@ import socket
 import ssl
 import time
 import urllib.parse
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -203,7 +204,8 @@ class Registry:
 
     def _request(
         self, method: str, path: str, headers: dict[str, str] | None = None, data: bytes | None = None
-    ) -> tuple[int, dict[str, str], bytes]:
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        """Status, headers (case-insensitive, as HTTP's are) and body."""
         url = path if path.startswith("http") else self.base + path
         last_error = ""
         for attempt in range(self.retries + 1):
@@ -215,7 +217,7 @@ class Registry:
                     if response.status_code in (401, 403):
                         raise self._refused(response.status_code)
                 if response.status_code < 500:
-                    return response.status_code, dict(response.headers), response.content
+                    return response.status_code, response.headers, response.content
                 last_error = f"HTTP {response.status_code}"
             except requests.exceptions.SSLError as error:
                 raise UserError(
@@ -249,7 +251,7 @@ class Registry:
     def put_manifest(self, repository: str, reference: str, manifest: Manifest) -> str:
         return self._put_manifest(repository, reference, manifest).get("Docker-Content-Digest", manifest.digest)
 
-    def _put_manifest(self, repository: str, reference: str, manifest: Manifest) -> dict[str, str]:
+    def _put_manifest(self, repository: str, reference: str, manifest: Manifest) -> Mapping[str, str]:
         status, headers, body = self._request(
             "PUT", f"{repository}/manifests/{reference}", {"Content-Type": manifest.media_type}, manifest.body
         )
