@@ -26,12 +26,16 @@ def canonical_json(document: dict[str, Any]) -> bytes:
     return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
 
 
-def image_config(diff_ids: list[str], epoch: int, labels: dict[str, str], history: list[str]) -> bytes:
-    """A new image's config with fixed times (the bootstrapped bases)."""
+def image_config(
+    diff_ids: list[str], epoch: int, labels: dict[str, str], history: list[str], architecture: str = "amd64"
+) -> bytes:
+    """A new image's config with fixed times (the bootstrapped bases), for `architecture` (Debian's
+    and OCI's names agree for amd64 and arm64; OCI adds arm64's variant)."""
     created = times.iso_utc(epoch)
     return canonical_json(
         {
-            "architecture": "amd64",
+            "architecture": architecture,
+            **({"variant": "v8"} if architecture == "arm64" else {}),
             "os": "linux",
             "created": created,
             "config": {

@@ -20,7 +20,7 @@ import docker
 import docker.errors
 
 from builder import digests, paths
-from builder.engine import archive
+from builder.engine import archive, emulation
 from builder.errors import UserError
 from builder.plan.cell import BaseImage
 from builder.spec.schema import KeyringSpec
@@ -58,11 +58,13 @@ def bootstrap(engine: docker.DockerClient, base: BaseImage, epoch: int, report: 
     """Bootstrap the base from the mirror and load it into the engine; returns the image ID."""
     with tempfile.TemporaryDirectory(prefix="torch-images-base-") as scratch:
         rootfs = Path(scratch, "rootfs.tar")
-        report(f"bootstrapping {base.distro} {base.suite} with {base.bootstrap_tool}")
+        emulation.ensure(base.arch, report)
+        report(f"bootstrapping {base.distro} {base.suite} ({base.arch}) with {base.bootstrap_tool}")
         _run_bootstrap(base, epoch, rootfs, Path(scratch))
         diff_id = "sha256:" + digests.sha256_file(rootfs)
         labels = {"base": base.name, "suite": base.suite}
-        config = archive.image_config([diff_id], epoch, labels, [f"bootstrap {base.suite}"])
+        history = [f"bootstrap {base.suite}" + ("" if base.arch == "amd64" else f" {base.arch}")]
+        config = archive.image_config([diff_id], epoch, labels, history, base.arch)
         images = archive.load(engine, config, [(diff_id, rootfs)], base.local_tag, epoch)
     image_id: str = images[0].id
     report(f"loaded {base.local_tag} ({image_id[:19]})")
@@ -76,6 +78,8 @@ def _run_bootstrap(base: BaseImage, epoch: int, rootfs: Path, scratch: Path) -> 
     env = {**os.environ, "SOURCE_DATE_EPOCH": str(epoch)}
     components = ",".join(base.components)
     extra = [f"--include={','.join(base.include)}"] if base.include else []
+    if base.arch != "amd64":
+        extra.append(f"--architectures={base.arch}" if base.bootstrap_tool == "mmdebstrap" else f"--arch={base.arch}")
     if base.keyring is not None:
         # apt checks signatures as its unprivileged _apt user, which must be able to read the
         # keyring: the scratch folder is created private (0700).

@@ -26,12 +26,13 @@ class BaseImage:
     components: tuple[str, ...]
     include: tuple[str, ...] = ()  # packages the bootstrap adds to the variant's
     extra_suites: tuple[str, ...] = ()  # searched besides `suite` (noble-updates, noble-security)
+    arch: str = "amd64"  # Debian's name for the architecture (amd64, arm64)
     keyring: KeyringSpec | None = None  # the archive's keys, when the host lacks them
 
     @property
     def local_tag(self) -> str:
         """The engine tag of the bootstrapped base (no registry involved)."""
-        return f"torch-images/base:{self.name}"
+        return f"torch-images/base:{self.name}" + ("" if self.arch == "amd64" else f"-{self.arch}")
 
     @property
     def reference(self) -> str:

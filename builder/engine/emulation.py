@@ -1,0 +1,52 @@
+"""Running another architecture's programs on this host (arm64 on x86): Debian's
+qemu-user-static, registered with the kernel's binfmt_misc by binfmt-support. Bootstrapping an
+arm64 base, and building and testing on it, run under it."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from builder.errors import UserError
+
+BINFMT = Path("/proc/sys/fs/binfmt_misc")
+# Debian architecture -> (what uname -m says, qemu's binfmt entry)
+ARCHITECTURES = {"amd64": ("x86_64", "qemu-x86_64"), "arm64": ("aarch64", "qemu-aarch64")}
+PACKAGES = ["qemu-user-static", "binfmt-support", "arch-test"]
+TOOLS = ["arch-test"]  # mmdebstrap checks a foreign architecture with it before it bootstraps one
+
+
+def host_architecture() -> str:
+    machine = platform.machine()
+    return next((arch for arch, (uname, _) in ARCHITECTURES.items() if uname == machine), machine)
+
+
+def registered(arch: str) -> bool:
+    return (BINFMT / ARCHITECTURES[arch][1]).exists()
+
+
+def ensure(arch: str, report: Callable[[str], None] = print) -> None:
+    """Nothing to do for the host's own architecture. Otherwise the binfmt entry must be there;
+    as root with apt, the packages are installed and registered (and it says so)."""
+    if arch not in ARCHITECTURES:
+        raise UserError(f"no emulation known for {arch!r}; write one of {', '.join(ARCHITECTURES)}")
+    if arch == host_architecture() or (registered(arch) and all(shutil.which(t) for t in TOOLS)):
+        return
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise UserError(f"{arch} programs cannot run here: install {' and '.join(PACKAGES)} (apt-get install), as root")
+    environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-q"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES],
+        check=True, stdout=subprocess.DEVNULL, env=environment,
+    )  # fmt: skip
+    if not (BINFMT / "register").exists():  # no systemd here to mount it
+        subprocess.run(["mount", "-t", "binfmt_misc", "binfmt_misc", str(BINFMT)], check=True)
+    subprocess.run(["update-binfmts", "--enable", ARCHITECTURES[arch][1]], check=True, capture_output=True)
+    if not registered(arch):
+        raise UserError(f"installed {', '.join(PACKAGES)} but {ARCHITECTURES[arch][1]} is not registered")
+    report(f"installed {', '.join(PACKAGES)} with apt-get and registered {arch} emulation ({ARCHITECTURES[arch][1]})")
