@@ -178,6 +178,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     client = daemon.client()
     house = wheelhouse.Wheelhouse()
     results: list[build.BuildResult] = []
+    _use_registry_option(grid, args)
     registry = _registry(grid, args) if args.skip_existing else None
     try:
         for cell in cells:
@@ -198,10 +199,14 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0 if all(not r.status.startswith("failed") for r in results) else 1
 
 
-def _registry(grid: matrix.Matrix, args: argparse.Namespace) -> Registry:
-    """The matrix's registry (or --registry), reached as --registry-ca and --insecure-registry say."""
+def _use_registry_option(grid: matrix.Matrix, args: argparse.Namespace) -> None:
+    """--registry, where given, in place of matrix.yaml's registry."""
     if args.registry:
         grid.spec = grid.spec.model_copy(update={"registry": args.registry})
+
+
+def _registry(grid: matrix.Matrix, args: argparse.Namespace) -> Registry:
+    """The matrix's registry, reached as --registry-ca and --insecure-registry say."""
     found = Registry.for_publishing(grid.spec.registry, args.registry_ca, args.insecure_registry)
     found.check()
     return found
@@ -312,8 +317,7 @@ def _existing_file(value: str) -> Path:
 
 def cmd_publish(args: argparse.Namespace) -> int:
     grid = _matrix(args)
-    if args.registry:
-        grid.spec = grid.spec.model_copy(update={"registry": args.registry})
+    _use_registry_option(grid, args)
     cells, say = _cells(args, grid), lambda text: console.print(text)
     if args.stage or args.promote:
         staging.check_run(args.run)

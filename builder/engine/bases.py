@@ -78,7 +78,7 @@ def _run_bootstrap(base: BaseImage, epoch: int, rootfs: Path, scratch: Path) -> 
     env = {**os.environ, "SOURCE_DATE_EPOCH": str(epoch)}
     components = ",".join(base.components)
     extra = [f"--include={','.join(base.include)}"] if base.include else []
-    if base.arch != "amd64":
+    if base.arch != emulation.host_architecture():
         extra.append(f"--architectures={base.arch}" if base.bootstrap_tool == "mmdebstrap" else f"--arch={base.arch}")
     if base.keyring is not None:
         # apt checks signatures as its unprivileged _apt user, which must be able to read the

@@ -56,6 +56,21 @@ def missing_packages(test_tools: bool) -> list[str]:
     return [package for program, package in tools.items() if _program_missing(program)]
 
 
+def can_apt_install() -> bool:
+    return os.geteuid() == 0 and shutil.which("apt-get") is not None
+
+
+def apt_install(packages: list[str]) -> None:
+    """Install Debian packages on the host (root, apt), without recommends."""
+    subprocess.run(["apt-get", "update", "-q"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+    )
+
+
 def ensure_running(install: bool, test_tools: bool = False) -> str:
     """Install what a fresh host lacks (with install, as root, with apt) and start dockerd if none answers.
 
@@ -65,14 +80,8 @@ def ensure_running(install: bool, test_tools: bool = False) -> str:
     """
     did = []
     missing = missing_packages(test_tools)
-    if missing and install and os.geteuid() == 0 and shutil.which("apt-get"):
-        subprocess.run(["apt-get", "update", "-q"], check=True, stdout=subprocess.DEVNULL)
-        subprocess.run(
-            ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
-            check=True,
-            stdout=subprocess.DEVNULL,
-            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
-        )
+    if missing and install and can_apt_install():
+        apt_install(missing)
         did.append(f"installed {', '.join(missing)} with apt-get")
     elif missing:
         did.append(f"missing {', '.join(missing)} (install them with apt-get, or run this as root with --install)")

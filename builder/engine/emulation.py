@@ -4,13 +4,13 @@ arm64 base, and building and testing on it, run under it."""
 
 from __future__ import annotations
 
-import os
 import platform
 import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from builder.engine import daemon
 from builder.errors import UserError
 
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
@@ -36,14 +36,9 @@ def ensure(arch: str, report: Callable[[str], None] = print) -> None:
         raise UserError(f"no emulation known for {arch!r}; write one of {', '.join(ARCHITECTURES)}")
     if arch == host_architecture() or (registered(arch) and all(shutil.which(t) for t in TOOLS)):
         return
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+    if not daemon.can_apt_install():
         raise UserError(f"{arch} programs cannot run here: install {' and '.join(PACKAGES)} (apt-get install), as root")
-    environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-q"], check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(
-        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES],
-        check=True, stdout=subprocess.DEVNULL, env=environment,
-    )  # fmt: skip
+    daemon.apt_install(PACKAGES)
     if not (BINFMT / "register").exists():  # no systemd here to mount it
         subprocess.run(["mount", "-t", "binfmt_misc", "binfmt_misc", str(BINFMT)], check=True)
     subprocess.run(["update-binfmts", "--enable", ARCHITECTURES[arch][1]], check=True, capture_output=True)

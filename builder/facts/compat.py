@@ -273,7 +273,8 @@ def read_trtllm_stub(version: str, url: str) -> TrtllmRelease | None:
 def read_trtllm_releases(index_url: str, table: TrtllmTable, workers: int = 8) -> list[str]:
     """Add every release the index lists and the table lacks (a release never changes, so the
     table is the cache). Returns the versions added."""
-    stubs = {v: url for v, url in trtllm_stub_versions(index_url).items() if v not in table.known()}
+    known = table.known()
+    stubs = {v: url for v, url in trtllm_stub_versions(index_url).items() if v not in known}
     with ThreadPoolExecutor(max_workers=workers) as pool:
         read = dict(zip(stubs, pool.map(lambda item: read_trtllm_stub(*item), stubs.items()), strict=True))
     for version, release in read.items():

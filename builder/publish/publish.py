@@ -134,7 +134,7 @@ ARTIFACT_TYPES = {"sbom": "application/vnd.cyclonedx+json", "selftest": "applica
 def missing_artifacts(registry: Registry, grid: Matrix, item: Publication) -> list[str]:
     """Which of the image's SBOM and self-test report the registry lacks, attached to its
     digest: a publish is complete only when the image and both are there."""
-    attached = {str(m.get("artifactType")) for m in registry.referrers(grid.spec.repository, item.digest)}
+    attached = registry.attached(grid.spec.repository, item.digest)
     return [kind for kind, media_type in ARTIFACT_TYPES.items() if media_type not in attached]
 
 

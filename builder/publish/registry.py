@@ -135,6 +135,11 @@ class Manifest:
     media_type: str
     digest: str
 
+    @classmethod
+    def of(cls, body: bytes, media_type: str) -> Manifest:
+        """A manifest this client made: its digest is the sha256 of the exact bytes."""
+        return cls(body, media_type, "sha256:" + hashlib.sha256(body).hexdigest())
+
 
 class Registry:
     def __init__(
@@ -310,7 +315,7 @@ class Registry:
             "annotations": annotations,
         }
         body = json.dumps(document, sort_keys=True).encode()
-        artifact = Manifest(body, OCI_MANIFEST, "sha256:" + hashlib.sha256(body).hexdigest())
+        artifact = Manifest.of(body, OCI_MANIFEST)
         headers = self._put_manifest(repository, artifact.digest, artifact)
         self.put_manifest(repository, reference, artifact)
         if headers.get("OCI-Subject") != subject.digest:
@@ -332,7 +337,7 @@ class Registry:
         entries.append({**entry, "artifactType": artifact_type, "annotations": annotations})
         index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": entries}
         body = json.dumps(index, sort_keys=True).encode()
-        self.put_manifest(repository, tag, Manifest(body, OCI_INDEX, "sha256:" + hashlib.sha256(body).hexdigest()))
+        self.put_manifest(repository, tag, Manifest.of(body, OCI_INDEX))
 
     def referrers(self, repository: str, subject: str, artifact_type: str | None = None) -> list[dict[str, Any]]:
         """The artifacts attached to `subject`: from the referrers API where the registry has it,
@@ -344,6 +349,10 @@ class Registry:
             fallback = self.manifest(repository, self.referrers_tag(subject))
             manifests = json.loads(fallback.body).get("manifests", []) if fallback else []
         return [m for m in manifests if artifact_type is None or m.get("artifactType") == artifact_type]
+
+    def attached(self, repository: str, subject: str) -> dict[str, str]:
+        """artifactType -> digest of each artifact attached to `subject`."""
+        return {str(m.get("artifactType")): str(m["digest"]) for m in self.referrers(repository, subject)}
 
     def blob(self, repository: str, digest: str) -> bytes:
         status, _, body = self._request("GET", f"{repository}/blobs/{digest}")

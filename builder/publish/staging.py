@@ -105,7 +105,7 @@ def _staged(registry: Registry, grid: Matrix, cell: Cell, run: str) -> Publicati
     if manifest is None:
         return f"not staged ({tag} is not in {grid.spec.registry})"
     image_id = json.loads(manifest.body)["config"]["digest"]
-    attached = {str(m.get("artifactType")): str(m["digest"]) for m in registry.referrers(repository, manifest.digest)}
+    attached = registry.attached(repository, manifest.digest)
     if ARTIFACT_TYPES["sbom"] not in attached:
         return f"no SBOM attached to {manifest.digest[:19]}"
     if ARTIFACT_TYPES["selftest"] not in attached:
@@ -155,7 +155,7 @@ def promote(
 def _name_artifacts(registry: Registry, repository: str, item: Publication) -> None:
     """The attached SBOM and report also under `<tag>.sbom` and `<tag>.selftest`, for tools that
     find artifacts by tag rather than through the referrers API."""
-    by_type = {str(m.get("artifactType")): str(m["digest"]) for m in registry.referrers(repository, item.digest)}
+    by_type = registry.attached(repository, item.digest)
     for kind, media_type in ARTIFACT_TYPES.items():
         manifest = registry.manifest(repository, by_type[media_type])
         if manifest is not None:

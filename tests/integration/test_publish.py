@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import itertools
 import json
 import time
@@ -70,7 +69,7 @@ def start_registry(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
 
 def _fully_attached(api: Registry, digest: str) -> bool:
     """The image's SBOM and self-test report are both attached to its digest."""
-    return {m["artifactType"] for m in api.referrers("torch", digest)} == set(publish.ARTIFACT_TYPES.values())
+    return set(api.attached("torch", digest)) == set(publish.ARTIFACT_TYPES.values())
 
 
 def _grid_for(built: BuiltCell, registry: RunningRegistry) -> Matrix:
@@ -345,7 +344,7 @@ def test_ci_stages_each_cell_then_promotes_from_the_registry_alone(
     good = api.manifest("torch", tag)
     assert good is not None
     body = json.dumps({**json.loads(good.body), "annotations": {"test": "another image"}}).encode()
-    other = Manifest(body, good.media_type, "sha256:" + hashlib.sha256(body).hexdigest())
+    other = Manifest.of(body, good.media_type)
     api.put_manifest("torch", staging.staging_tag(built.cell, "bad"), other)
     failing = json.dumps({**smoke_result.report, "status": "fail"}).encode()
     api.push_artifact("torch", "bad.selftest", failing, publish.ARTIFACT_TYPES["selftest"], {}, other)

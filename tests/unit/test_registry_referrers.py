@@ -3,7 +3,6 @@ the referrers tag where it does not (Debian's distribution 2.8, which the integr
 
 from __future__ import annotations
 
-import hashlib
 import http.server
 import json
 import threading
@@ -15,7 +14,7 @@ import pytest
 from builder.publish.registry import OCI_INDEX, OCI_MANIFEST, Manifest, Registry
 
 SUBJECT_BODY = b'{"schemaVersion": 2}'
-SUBJECT = Manifest(SUBJECT_BODY, OCI_MANIFEST, "sha256:" + hashlib.sha256(SUBJECT_BODY).hexdigest())
+SUBJECT = Manifest.of(SUBJECT_BODY, OCI_MANIFEST)
 
 
 class _OciOneOne(http.server.BaseHTTPRequestHandler):
