@@ -61,8 +61,9 @@ def tests(session: nox.Session) -> None:
     """
     _install(session, "test")
     session.run("python", "-m", "builder", "engine", "--install", "--test-tools")
-    session.run("python", "-m", "builder", "render", "--check")
-    session.run("python", "-m", "builder", "lock", "--check")
+    for matrix in ("matrix.yaml", "tests/fixtures/multiarch.yaml"):  # generated files match their matrix
+        session.run("python", "-m", "builder", "--matrix", matrix, "render", "--check")
+        session.run("python", "-m", "builder", "--matrix", matrix, "lock", "--check")
     session.run("pytest", "tests", *session.posargs, env={"PYTHONUNBUFFERED": "1"})
 
 

@@ -70,26 +70,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps({"cells": rows, **({"trtllm": trtllm} if trtllm else {})}, indent=1))
         return 0
     table = Table(title=f"{args.matrix}: {len(grid.cells)} cells, {len(grid.rejected)} rejected")
-    for column in ("cell", "torch", "cuda", "cudnn", "python", "glibc", "base", "flavor", "tag", "status"):
+    columns = ("cell", "torch", "cuda", "cudnn", "python", "glibc", "base", "flavor", "platform", "tag", "status")
+    for column in columns:
         table.add_column(column, overflow="fold")
     for row in rows:
-        table.add_row(
-            *(
-                str(row.get(k) or "")
-                for k in (
-                    "cell",
-                    "torch",
-                    "cuda",
-                    "cudnn",
-                    "python",
-                    "glibc",
-                    "base",
-                    "flavor",
-                    "tag",
-                    "status",
-                )
-            )
-        )
+        table.add_row(*(str(row.get(k) or "") for k in columns))
     Console(width=200).print(table)
     for line in offers.describe(trtllm) if trtllm else []:
         console.print(line, highlight=False, soft_wrap=True)
@@ -334,8 +319,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
         )
     for item in items:
         state = "unchanged" if item.unchanged and not item.moved_aliases else "published"
+        where = f" ({item.cell.platform} {item.target} {item.digest})" if item.tag_digest else ""
         console.print(
-            f"{item.cell.name}: {state} {grid.spec.registry}/{grid.spec.repository}:{item.cell.tag} {item.digest}"
+            f"{item.cell.name}: {state} {grid.spec.registry}/{grid.spec.repository}:{item.cell.tag} "
+            f"{item.points_to}{where}"
         )
     return 0
 

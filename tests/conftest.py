@@ -30,15 +30,18 @@ def wheel(filename: str, requires_python: str = ">=3.9") -> WheelFile:
     )
 
 
-def torch_build(version: str, pythons: list[str], floor: str, requires: list[str]) -> TorchBuild:
+def torch_build(
+    version: str, pythons: list[str], floor: str, requires: list[str], platform: str = "linux/amd64"
+) -> TorchBuild:
+    arch = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}[platform]
     wheels = [
         wheel(
             f"torch-{version}-cp{p.replace('.', '')}-cp{p.replace('.', '')}"
-            f"-manylinux_{floor.replace('.', '_')}_x86_64.whl"
+            f"-manylinux_{floor.replace('.', '_')}_{arch}.whl"
         )
         for p in pythons
     ]
-    return build_from_metadata(version, wheels, requires)
+    return build_from_metadata(version, wheels, requires, platform)
 
 
 CU124 = [

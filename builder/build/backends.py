@@ -47,6 +47,7 @@ def classic_build(engine: docker.DockerClient, request: BuildRequest, report: Re
         buildargs={"BASE_IMAGE": request.base_reference},
         labels=request.labels,
         network_mode="host",
+        platform=cell.platform,  # another architecture's RUN steps run under emulation
         rm=True,
         forcerm=True,
         decode=True,
@@ -100,7 +101,8 @@ def buildkit_build(request: BuildRequest, report: Report) -> str:
     command, extra_env = found
     cell = request.cell
     command = [
-        *command, "--progress", "plain", "--network", "host", "--build-arg", f"BASE_IMAGE={request.base_reference}",
+        *command, "--progress", "plain", "--network", "host", "--platform", cell.platform,
+        "--build-arg", f"BASE_IMAGE={request.base_reference}",
         "-f", request.dockerfile, "-t", request.reference, *(["--no-cache"] if request.no_cache else []),
         *(part for key, value in request.labels.items() for part in ("--label", f"{key}={value}")), "-",
     ]  # fmt: skip

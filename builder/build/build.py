@@ -21,7 +21,7 @@ from builder import times
 from builder.build import backends, size, wheelhouse, wheelserver
 from builder.build.backends import BuildRequest
 from builder.build.context import build_id
-from builder.engine import bases
+from builder.engine import bases, emulation
 from builder.errors import UserError
 from builder.lock import inputs
 from builder.lock.inputs import CellLocks
@@ -29,6 +29,7 @@ from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
 from builder.render import render, served
 from builder.repro import normalize as repro
+from builder.spec import platform as platforms
 
 BUILD_ID_LABEL = "io.torch-images.build-id"
 BUILD_CACHE_REPOSITORY = "torch-images/build-cache"
@@ -50,7 +51,10 @@ class BuildResult:
 
 
 def local_reference(grid: Matrix, cell: Cell) -> str:
-    return f"{grid.spec.repository}:{cell.tag}"
+    """The engine's tag for the cell's image: its versioned tag, plus `-<arch>` off linux/amd64
+    (the platforms of a multi-arch tag are separate images in one engine)."""
+    suffix = "" if cell.platform == platforms.DEFAULT else f"-{cell.arch}"
+    return f"{grid.spec.repository}:{(cell.tag + suffix)[:128]}"
 
 
 def preflight(cell: Cell, grid: Matrix) -> CellLocks:
@@ -119,6 +123,7 @@ def build_cell(
         result.image_id, result.size_bytes, result.status = existing.id, int(existing.attrs["Size"]), "unchanged"
         result.seconds = time.monotonic() - started
         return _within_budget(engine, grid, cell, result)
+    emulation.ensure(cell.base.arch, report)  # another architecture's RUN steps run under qemu
     report(f"{cell.name}: fetching and verifying wheels")
     house.report = report
     house.prepare(cell, grid, locks.python_locks)

@@ -18,6 +18,7 @@ import docker.errors
 from docker.types import DeviceRequest
 
 from builder import paths
+from builder.engine import emulation
 from builder.errors import UserError
 
 SELFTEST_COMMAND = ["torch-selftest", "--json", "-"]
@@ -58,6 +59,9 @@ def run(
         raise UserError(
             f"no image {reference} in the engine; build it first (`python -m builder build CELL`)"
         ) from None
+    architecture = image.attrs.get("Architecture", "")
+    if architecture in emulation.ARCHITECTURES:  # an arm64 image on an x86 host runs under qemu
+        emulation.ensure(architecture)
     use_gpus = has_nvidia_runtime(engine) if gpus is None else gpus
     started = time.monotonic()
     container = engine.containers.run(

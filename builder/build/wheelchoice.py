@@ -18,6 +18,7 @@ from builder.facts import pypi
 from builder.lock.requirements import Lockfile
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
+from builder.spec import platform
 from builder.spec.env import expand_env
 
 
@@ -36,8 +37,9 @@ def target_tags(cell: Cell) -> list[wheel_tags.Tag]:
     """The wheel tags pip inside the cell's image accepts, most preferred first."""
     major, minor = (int(p) for p in cell.python.split(".")[:2])
     glibc_minor = int(cell.base.glibc.split(".")[1])
-    platforms = [f"manylinux_2_{n}_x86_64" for n in range(glibc_minor, 4, -1)]
-    platforms += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
+    arch = platform.of(cell.platform).wheel
+    platforms = [f"manylinux_2_{n}_{arch}" for n in range(glibc_minor, 4, -1)]
+    platforms += [f"manylinux2014_{arch}", f"manylinux2010_{arch}", f"manylinux1_{arch}", f"linux_{arch}"]
     return [
         *wheel_tags.cpython_tags((major, minor), platforms=platforms),
         *wheel_tags.compatible_tags((major, minor), platforms=platforms),

@@ -29,24 +29,31 @@ Report = Callable[[str], None]
 
 
 def ensure(engine: docker.DockerClient, base: BaseImage, epoch: int, report: Report = print) -> str:
-    """A reference to the base image in the engine, obtaining it the cheapest way available."""
+    """A reference to the base image in the engine, obtaining it the cheapest way available.
+
+    `image` pins a multi-arch index by digest: it is pulled for the base's own platform, and a
+    local image under that name is used only if it is of the base's architecture."""
     for reference in (base.local_tag, base.image):
-        if reference is None:
-            continue
-        try:
-            engine.images.get(reference)
+        if reference is not None and _present(engine, reference, base.arch):
             return reference
-        except docker.errors.ImageNotFound:
-            pass
     if base.image is not None and os.environ.get("TORCH_IMAGES_NO_PULL") != "1":
         try:
-            report(f"pulling {base.image}")
-            engine.images.pull(base.image)
-            return base.image
+            report(f"pulling {base.image} for linux/{base.arch}")
+            engine.images.pull(base.image, platform=f"linux/{base.arch}")
+            if _present(engine, base.image, base.arch):
+                return base.image
         except docker.errors.APIError as error:
             report(f"pull failed ({str(error.explanation or error)[:80]}); bootstrapping from {base.mirror}")
     bootstrap(engine, base, epoch, report)
     return base.local_tag
+
+
+def _present(engine: docker.DockerClient, reference: str, arch: str) -> bool:
+    try:
+        found: str = engine.images.get(reference).attrs.get("Architecture", "")
+        return found == arch
+    except docker.errors.ImageNotFound:
+        return False
 
 
 def layer_count(engine: docker.DockerClient, reference: str) -> int:

@@ -4,7 +4,6 @@ arm64 base, and building and testing on it, run under it."""
 
 from __future__ import annotations
 
-import platform
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -12,6 +11,7 @@ from pathlib import Path
 
 from builder.engine import daemon
 from builder.errors import UserError
+from builder.spec import platform as platforms
 
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
 # Debian architecture -> (what uname -m says, qemu's binfmt entry)
@@ -21,8 +21,7 @@ TOOLS = ["arch-test"]  # mmdebstrap checks a foreign architecture with it before
 
 
 def host_architecture() -> str:
-    machine = platform.machine()
-    return next((arch for arch, (uname, _) in ARCHITECTURES.items() if uname == machine), machine)
+    return platforms.host().debian
 
 
 def registered(arch: str) -> bool:

@@ -21,6 +21,7 @@ from packaging.version import Version
 
 from builder import paths
 from builder.facts import pypi
+from builder.spec import platform as platforms
 
 TORCH_WHEELS = paths.DATA / "torch_wheels.json"
 TRTLLM = paths.DATA / "trtllm.json"
@@ -41,6 +42,14 @@ class TorchBuild:
     nccl: str | None = None
     triton: str | None = None
     pins: dict[str, str] = field(default_factory=dict)  # every == pin of Requires-Dist
+    # The same version may be a different build on another architecture: PyPI's torch 2.9.1 is
+    # a CUDA 12.8 build for x86_64 and a CPU build for aarch64.
+    platform: str = platforms.DEFAULT
+
+    @property
+    def key(self) -> str:
+        """Its key in data/torch_wheels.json: the version, and the platform where not the default."""
+        return self.version if self.platform == platforms.DEFAULT else f"{self.version}@{self.platform}"
 
     @property
     def public_version(self) -> str:
@@ -81,7 +90,9 @@ def cuda_of(version: str, pins: dict[str, str]) -> str:
     return ".".join(runtime.split(".")[:2])
 
 
-def build_from_metadata(version: str, wheels: Iterable[pypi.WheelFile], requires: Iterable[str]) -> TorchBuild:
+def build_from_metadata(
+    version: str, wheels: Iterable[pypi.WheelFile], requires: Iterable[str], platform: str = platforms.DEFAULT
+) -> TorchBuild:
     """Fold the wheel tags and Requires-Dist of one torch build into its facts."""
     floors: dict[str, str] = {}
     requires_python = None
@@ -94,8 +105,16 @@ def build_from_metadata(version: str, wheels: Iterable[pypi.WheelFile], requires
         requires_python = requires_python or wheel.requires_python
     pins: dict[str, str] = {}
     specifiers: dict[str, str] = {}
+    # Requires-Dist is the same text in every wheel of a version; its markers say which
+    # requirements apply where (2.9.1 pins the CUDA libraries for x86_64 only).
+    environment = {
+        "platform_machine": platforms.of(platform).wheel, "platform_system": "Linux", "sys_platform": "linux",
+        "python_version": min(floors, key=version_key, default="3"), "extra": "",
+    }  # fmt: skip
     for text in requires:
         requirement = Requirement(text)
+        if requirement.marker is not None and not requirement.marker.evaluate(environment):
+            continue
         name = requirement.name.lower()
         specifiers[name] = str(requirement.specifier)
         if pin := _exact_pin(requirement):
@@ -114,13 +133,15 @@ def build_from_metadata(version: str, wheels: Iterable[pypi.WheelFile], requires
         nccl=nccl,
         triton=specifiers.get("triton") or None,
         pins=pins,
+        platform=platform,
     )
 
 
 def read_torch_builds(
     versions: Iterable[str], index_urls: Iterable[str], find_links: Iterable[Path], unreachable: dict[str, str]
 ) -> list[TorchBuild]:
-    """Every build of the given torch versions that one index (its URLs and find-links) serves.
+    """Every build of the given torch versions that one index (its URLs and find-links) serves,
+    for each platform images are built for (each platform's wheel has its own METADATA).
 
     URLs that cannot be read are added to `unreachable` (URL -> why) and skipped.
     """
@@ -133,14 +154,15 @@ def read_torch_builds(
             files += pypi.index_files("torch", url)
         except OSError as error:
             unreachable[url] = str(getattr(error, "reason", error))
-    by_version: dict[str, list[pypi.WheelFile]] = defaultdict(list)
+    by_build: dict[tuple[str, str], list[pypi.WheelFile]] = defaultdict(list)
     for wheel in files:
-        if wheel.is_linux_x86_64() and wheel.version.split("+")[0] in wanted:
-            by_version[wheel.version].append(wheel)
+        platform = platforms.of_wheel(wheel.linux_arch or "")
+        if platform is not None and wheel.version.split("+")[0] in wanted:
+            by_build[(wheel.version, platform.name)].append(wheel)
     builds = []
-    for version, wheels in sorted(by_version.items()):
+    for (version, platform_name), wheels in sorted(by_build.items()):
         requires = pypi.requirements(pypi.wheel_metadata(wheels[0]))
-        builds.append(build_from_metadata(version, wheels, requires))
+        builds.append(build_from_metadata(version, wheels, requires, platform_name))
     return builds
 
 
@@ -176,14 +198,21 @@ class TorchWheels:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(document, indent=1, sort_keys=False) + "\n")
 
-    def builds(self, index: str, public_version: str) -> list[TorchBuild]:
-        return [b for b in self.table.get(index, {}).values() if b.public_version == public_version]
+    def builds(self, index: str, public_version: str, platform: str = platforms.DEFAULT) -> list[TorchBuild]:
+        return [
+            b
+            for b in self.table.get(index, {}).values()
+            if b.public_version == public_version and b.platform == platform
+        ]
 
-    def indexes_with(self, public_version: str, cuda: str) -> list[str]:
+    def indexes_with(self, public_version: str, cuda: str, platform: str = platforms.DEFAULT) -> list[str]:
         return sorted(
             index
             for index, builds in self.table.items()
-            if any(b.public_version == public_version and b.cuda == cuda for b in builds.values())
+            if any(
+                b.public_version == public_version and b.cuda == cuda and b.platform == platform
+                for b in builds.values()
+            )
         )
 
 

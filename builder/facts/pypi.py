@@ -64,9 +64,13 @@ class WheelFile:
             return None
         return min(floors, key=lambda v: tuple(int(p) for p in v.split(".")))
 
-    def is_linux_x86_64(self) -> bool:
-        platform = self.tags["platform"]
-        return platform.endswith("x86_64") and ("linux" in platform)
+    @property
+    def linux_arch(self) -> str | None:
+        """The architecture of a Linux wheel (x86_64, aarch64), None for other systems."""
+        platforms = self.tags["platform"].split(".")
+        if not all("linux" in p for p in platforms):
+            return None
+        return next((arch for arch in ("x86_64", "aarch64") if platforms[0].endswith("_" + arch)), None)
 
 
 def _open(url: str, headers: dict[str, str] | None = None, timeout: float = 60) -> bytes:

@@ -30,11 +30,11 @@ def refresh(spec: MatrixSpec, report: Callable[[str], None]) -> Refreshed:
         links = [Path(expand_env(p)) for p in index.find_links]
         unread: dict[str, str] = {}
         builds = compat.read_torch_builds(sorted(versions), index.urls, [p for p in links if p.is_dir()], unread)
-        wheels.table[name] = {**wheels.table.get(name, {}), **{b.version: b for b in builds}}
+        wheels.table[name] = {**wheels.table.get(name, {}), **{b.key: b for b in builds}}
         wheels.unread[name] = sorted(unread)
         done.torch[name] = builds
         done.unreachable += [f"{url} ({why})" for url, why in unread.items()]
-        report(f"{name}: {', '.join(b.version + ' (' + b.cuda + ')' for b in builds)}")
+        report(f"{name}: {', '.join(f'{b.key} ({b.cuda})' for b in builds)}")
     wheels.save()
     report(f"wrote {compat.TORCH_WHEELS}")
     if spec.uses_flavor("trtllm"):

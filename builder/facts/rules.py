@@ -8,6 +8,7 @@ data/torch_wheels.json and data/trtllm.json, derived from the wheels' own metada
 from __future__ import annotations
 
 from builder.facts.compat import TorchBuild, TorchWheels, TrtllmRelease, version_key
+from builder.spec import platform as platforms
 
 
 class MissingFacts(str):
@@ -15,11 +16,14 @@ class MissingFacts(str):
     could not read. A cell the matrix includes is then listed as rejected, not refused."""
 
 
-def pick_build(wheels: TorchWheels, index: str, torch: str, cuda: str | None) -> TorchBuild | str:
-    """The torch build an index serves for this version and CUDA (a CUDA one when cuda is
-    unset), or why there is none."""
-    builds = wheels.builds(index, torch)
-    wanted = f"torch {torch}" + (f" for CUDA {cuda}" if cuda else "")
+def pick_build(
+    wheels: TorchWheels, index: str, torch: str, cuda: str | None, platform: str = platforms.DEFAULT
+) -> TorchBuild | str:
+    """The torch build an index serves for this version, CUDA (a CUDA one when cuda is unset)
+    and platform, or why there is none."""
+    builds = wheels.builds(index, torch, platform)
+    on = "" if platform == platforms.DEFAULT else f" on {platform}"
+    wanted = f"torch {torch}" + (f" for CUDA {cuda}" if cuda else "") + on
     unread = wheels.unread.get(index, [])
     if unread and (not builds or (cuda and all(b.cuda != cuda for b in builds))):
         return MissingFacts(
@@ -27,20 +31,24 @@ def pick_build(wheels: TorchWheels, index: str, torch: str, cuda: str | None) ->
             "run `python -m builder compat refresh` where it is reachable"
         )
     if not builds:
-        return f"no torch {torch} on index '{index}' in data/torch_wheels.json; run `python -m builder compat refresh`"
+        if platform != platforms.DEFAULT and wheels.builds(index, torch):
+            return f"index '{index}' has no {platform} wheel of torch {torch}; remove {platform} for it or set index:"
+        return (
+            f"no torch {torch}{on} on index '{index}' in data/torch_wheels.json; run `python -m builder compat refresh`"
+        )
     if cuda is None:
         return next((b for b in builds if b.cuda != "cpu"), builds[0])
     matching = [b for b in builds if b.cuda == cuda]
     if matching:
         return matching[0]
     actual = ", ".join(sorted({b.cuda for b in builds}))
-    elsewhere = wheels.indexes_with(torch, cuda)
+    elsewhere = wheels.indexes_with(torch, cuda, platform)
     hint = (
         f"set index: {elsewhere[0]}"
         if elsewhere
         else f"add an index serving that variant (PyTorch's wheel index for cu{cuda.replace('.', '')}) and set index:"
     )
-    return f"torch {torch} on index '{index}' is built for CUDA {actual}, not {cuda}; {hint}"
+    return f"torch {torch}{on} on index '{index}' is built for CUDA {actual}, not {cuda}; {hint}"
 
 
 def wheel_for_base(build: TorchBuild, python: str, base: str, glibc: str) -> str:

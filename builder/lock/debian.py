@@ -77,6 +77,8 @@ def fingerprint(cell: Cell) -> str:
     base: list[object] = [cell.base.distro, cell.base.suite, cell.base.mirror, list(cell.base.components)]
     if cell.base.include or cell.base.extra_suites:  # only where set: other bases' fingerprints stay as they were
         base += [list(cell.base.include), list(cell.base.extra_suites)]
+    if cell.base.arch != "amd64":
+        base.append(cell.base.arch)
     inputs = {
         "base": base,
         "common": list(table.common_system(cell.python)),

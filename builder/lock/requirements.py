@@ -1,7 +1,7 @@
 """Hash-locked requirements per cell: images/<cell>/requirements.lock (and flavor.lock).
 
-Each cell is resolved by uv for its own target (x86_64, the base's glibc as the manylinux
-tag, the cell's Python), wheels only, with a sha256 for every file. The torch stack and the
+Each cell is resolved by uv for its own target (its architecture, the base's glibc as the
+manylinux tag, the cell's Python), wheels only, with a sha256 for every file. The torch stack and the
 flavor's extras are locked separately so that cells differing only in flavor share the
 stack's layer; the flavor is resolved with the stack lock as constraints, so it can never
 move torch or a CUDA library.
@@ -36,6 +36,7 @@ from builder.lock.header import read_text, split, with_header
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
 from builder.spec import flavor, grammar
+from builder.spec import platform as platforms
 from builder.spec.env import expand_env
 
 STACK_LOCK = "requirements.lock"
@@ -161,11 +162,11 @@ def flavor_requirements(cell: Cell) -> list[str]:
     return [template.format(**values) for template in templates]
 
 
-def manylinux_target(glibc: str) -> str:
+def manylinux_target(glibc: str, platform: str = platforms.DEFAULT) -> str:
     usable = [v for v in UV_MANYLINUX if version_key(v) <= version_key(glibc)]
     if not usable:
         raise UserError(f"glibc {glibc} is older than manylinux 2.17, the oldest torch-capable target")
-    return f"x86_64-manylinux_{usable[-1].replace('.', '_')}"
+    return f"{platforms.of(platform).wheel}-manylinux_{usable[-1].replace('.', '_')}"
 
 
 def _inputs(
@@ -179,7 +180,7 @@ def _inputs(
         "index_url": index.url,
         "find_links": index.find_links,  # as written, so a fingerprint is the same on every machine
         "python": cell.python,
-        "platform": manylinux_target(cell.base.glibc),
+        "platform": manylinux_target(cell.base.glibc, cell.platform),
     }
     if index.extra_urls:  # absent and empty are the same input
         inputs["extra_urls"] = index.extra_urls
@@ -221,7 +222,7 @@ def _compile(cell: Cell, grid: Matrix, requirements: list[str], overrides: list[
         Path(scratch, "overrides.txt").write_text("\n".join(overrides) + "\n")
         command = [
             _uv(), "pip", "compile", "requirements.in", "--quiet", "--no-header", "--generate-hashes",
-            "--only-binary", ":all:", "--python-platform", manylinux_target(cell.base.glibc),
+            "--only-binary", ":all:", "--python-platform", manylinux_target(cell.base.glibc, cell.platform),
             "--python-version", cell.python, "--override", "overrides.txt",
             "--index-url" if index.url else "--no-index", *([index.url] if index.url else []),
         ]  # fmt: skip

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.facts.compat import TorchBuild
+from builder.spec import platform as platforms
 from builder.spec.schema import KeyringSpec
 
 
@@ -57,6 +58,12 @@ class Cell:
     flagship: bool = False
     origin: str = ""  # "axes" or "include"; where a cell came from decides if a failure is an error
     images_root: Path | None = None  # the matrix's images folder; the cell's files are in images_root/name
+    platform: str = platforms.DEFAULT  # cells that differ only in platform share their tags (a multi-arch index)
+
+    @property
+    def arch(self) -> str:
+        """Debian's name for the cell's architecture (amd64, arm64)."""
+        return platforms.of(self.platform).debian
 
     @property
     def directory(self) -> Path:
@@ -97,6 +104,7 @@ class Cell:
             "base": self.base.name,
             "flavor": self.flavor,
             "trtllm": self.trtllm or "",
+            "arch": self.arch,
         }
 
     def spec(self) -> dict[str, Any]:
@@ -118,6 +126,7 @@ class Cell:
             "flavor": self.flavor,
             "trtllm": self.trtllm,
             "index": self.index,
+            "platform": self.platform,
             "tag": self.tag,
             "aliases": list(self.aliases),
         }

@@ -7,6 +7,7 @@ reasons themselves are the compatibility rules (builder/facts/rules.py).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ from builder.facts.compat import TorchWheels, TrtllmRelease, load_trtllm
 from builder.plan.cell import BaseImage, Cell
 from builder.spec import flavor as flavors
 from builder.spec import grammar
+from builder.spec import platform as platforms
 from builder.spec.env import expand_env
 from builder.spec.schema import DEFAULT_MATRIX, BaseSpec, IndexSpec, MatrixSpec, Selector, images_folder, parse
 from builder.spec.yamlsource import FieldPath, SourceMap, dotted
@@ -54,13 +56,21 @@ class Matrix:
 
     @property
     def flagship(self) -> Cell:
-        return next(cell for cell in self.cells if cell.flagship)
+        """The flagship for this host's platform (the one `nox -s build` builds), else the first."""
+        flagships = [cell for cell in self.cells if cell.flagship]
+        return next((cell for cell in flagships if cell.platform == platforms.host().name), flagships[0])
+
+    def platforms_of(self, cell: Cell) -> list[Cell]:
+        """The cells that share the cell's versioned tag: one per platform (a multi-arch index
+        when there are several), in the order of platforms.NAMES."""
+        group = [c for c in self.cells if c.tag == cell.tag]
+        return sorted(group, key=lambda c: platforms.NAMES.index(c.platform))
 
     def sibling(self, cell: Cell, flavor: str) -> Cell | None:
         """The cell that differs from `cell` only in its flavor (the devel of a runtime, say)."""
 
         def stack(c: Cell) -> tuple[object, ...]:
-            return (c.torch.version, c.base.name, c.python, c.index, c.cudnn)
+            return (c.torch.version, c.base.name, c.python, c.index, c.cudnn, c.platform)
 
         return next((c for c in self.cells if c.flavor == flavor and stack(c) == stack(cell)), None)
 
@@ -69,7 +79,7 @@ class Matrix:
         """The cell tests and benchmarks build by default: a CPU runtime whose torch wheel is in
         a local directory that exists here (about 1.5 GB, no download of torch), else the flagship."""
         for cell in self.cells:
-            if cell.is_cuda or cell.flavor != "runtime":
+            if cell.is_cuda or cell.flavor != "runtime" or cell.platform != platforms.DEFAULT:
                 continue
             links = [Path(expand_env(p)) for p in self.index(cell.index).find_links]
             if links and all(p.is_dir() and any(p.glob("torch-*.whl")) for p in links):
@@ -115,14 +125,15 @@ def _resolve(
     images_root: Path | None = None,
 ) -> Cell | str:
     """A cell from a complete selector, or the reason it cannot work."""
-    base = _base_image(selector.base or "", spec.bases[selector.base or ""])
+    platform = platforms.of(selector.platform or platforms.DEFAULT)
+    base = dataclasses.replace(_base_image(selector.base or "", spec.bases[selector.base or ""]), arch=platform.debian)
     python = selector.python or base.python
     if python != base.python:
         return f"base {base.name} provides Python {base.python}, not {python}"
     index = selector.index or spec.defaults.index or "pypi"
     if index not in spec.indexes:
         return f"index '{index}' is not defined under indexes:"
-    picked = rules.pick_build(wheels, index, selector.torch or "", selector.cuda)
+    picked = rules.pick_build(wheels, index, selector.torch or "", selector.cuda, platform.name)
     if isinstance(picked, str):
         return _for_trtllm(picked, selector, trtllm)
     build, cudnn = picked, selector.cudnn
@@ -153,6 +164,7 @@ def _resolve(
         trtllm=selector.trtllm if flavor.name == "trtllm" else None,
         origin=origin,
         images_root=images_root,
+        platform=platform.name,
     )
     return _named(cell, spec)
 
@@ -174,6 +186,8 @@ def _named(cell: Cell, spec: MatrixSpec) -> Cell:
     name += f"-{cell.base.name}-{cell.flavor}"
     if cell.trtllm:
         name += f"{cell.trtllm}"
+    if cell.platform != platforms.DEFAULT:
+        name += f"-{cell.arch}"
     flagship = _matches(spec.flagship, cell)
     aliases = [a.template.format(**fields) for a in spec.aliases if _matches(a.where, cell)]
     if flagship:
@@ -199,6 +213,7 @@ def _cell_values(cell: Cell) -> dict[str, str | None]:
         "flavor": cell.flavor,
         "index": cell.index,
         "trtllm": cell.trtllm,
+        "platform": cell.platform,
     }
 
 
@@ -213,8 +228,9 @@ def _axis_selectors(spec: MatrixSpec) -> list[Selector]:
     axes = spec.axes
     unset: list[str | None] = [None]
     combos = itertools.product(
-        axes.torch, axes.cuda or unset, axes.cudnn or unset, axes.python or unset, axes.base, axes.flavor
-    )
+        axes.torch, axes.cuda or unset, axes.cudnn or unset, axes.python or unset, axes.base, axes.flavor,
+        axes.platform or unset,
+    )  # fmt: skip
     defaults = spec.defaults.model_dump(exclude_none=True)
     return [
         Selector(
@@ -222,7 +238,9 @@ def _axis_selectors(spec: MatrixSpec) -> list[Selector]:
                 **defaults,
                 **{
                     k: v
-                    for k, v in zip(("torch", "cuda", "cudnn", "python", "base", "flavor"), combo, strict=True)
+                    for k, v in zip(
+                        ("torch", "cuda", "cudnn", "python", "base", "flavor", "platform"), combo, strict=True
+                    )
                     if v
                 },
             }
@@ -238,6 +256,8 @@ def _provisional_name(selector: Selector) -> str:
     ]
     parts += [selector.cudnn and f"cudnn{selector.cudnn}", selector.python and f"py{selector.python}"]
     parts += [selector.base, selector.flavor and selector.flavor + (selector.trtllm or "")]
+    if selector.platform and selector.platform != platforms.DEFAULT:
+        parts.append(platforms.of(selector.platform).debian)
     return "-".join(p for p in parts if p)
 
 
@@ -285,14 +305,16 @@ def _check_cells(cells: list[Cell], rejected: list[Rejected], spec: MatrixSpec, 
             source.location(()),
         )
     flagships = [cell for cell in cells if cell.flagship]
-    if len(flagships) != 1:
+    if not flagships or len({c.platform for c in flagships}) != len(flagships):
         found = ", ".join(c.name for c in flagships) or "none"
         raise UserError(
-            f"must match exactly one buildable cell, matches {found}; name torch, cuda, base and flavor",
+            f"must match exactly one buildable cell per platform, matches {found}; name torch, cuda, base and flavor",
             source.location(("flagship",)),
             "flagship",
         )
-    owners: dict[str, str] = {}
+    # A tag names one image per platform: cells on different platforms may share one (it
+    # becomes a multi-arch index), two cells on the same platform may not.
+    owners: dict[tuple[str, str], str] = {}
     for cell in cells:
         for tag in (cell.tag, *cell.aliases):
             if not grammar.TAG.matches(tag):
@@ -302,15 +324,37 @@ def _check_cells(cells: list[Cell], rejected: list[Rejected], spec: MatrixSpec, 
                     source.location(where),
                     dotted(where),
                 )
-            if tag in owners and owners[tag] != cell.name:
+            owner = owners.get((tag, cell.platform))
+            if owner is not None and owner != cell.name:
                 where = ("aliases",) if tag != cell.tag else ("tag",)
                 raise UserError(
-                    f"cells {owners[tag]} and {cell.name} both get the tag '{tag}'; "
+                    f"cells {owner} and {cell.name} both get the tag '{tag}'; "
                     "add a field that tells them apart or narrow the alias with where:",
                     source.location(where),
                     dotted(where),
                 )
-            owners[tag] = cell.name
+            owners[(tag, cell.platform)] = cell.name
+    _check_platform_groups(cells, source)
+
+
+def _check_platform_groups(cells: list[Cell], source: SourceMap) -> None:
+    """The platforms of a multi-arch tag are pushed as one index and its aliases move with
+    it: cells that share their versioned tag must share all their aliases too."""
+    by_tag: dict[str, list[Cell]] = {}
+    for cell in cells:
+        by_tag.setdefault(cell.tag, []).append(cell)
+    for group in by_tag.values():
+        first = group[0]
+        for other in group[1:]:
+            if set(other.aliases) != set(first.aliases):
+                raise UserError(
+                    f"cells {first.name} and {other.name} share the tag '{first.tag}' (one image per platform) "
+                    f"but not their aliases ({', '.join(first.aliases) or 'none'} against "
+                    f"{', '.join(other.aliases) or 'none'}); give them the same aliases, or a field such as "
+                    "{arch} in the tag",
+                    source.location(("aliases",)),
+                    "aliases",
+                )
 
 
 def load_matrix(

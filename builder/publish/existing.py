@@ -9,21 +9,22 @@ import json
 from builder.build.build import BUILD_ID_LABEL
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
+from builder.publish import multiarch
 from builder.publish.registry import OCI_INDEX, Registry
 
 INDEX_TYPES = {OCI_INDEX, "application/vnd.docker.distribution.manifest.list.v2+json"}
 
 
-def published_build_id(registry: Registry, repository: str, tag: str) -> str | None:
+def published_build_id(registry: Registry, repository: str, tag: str, arch: str = "amd64") -> str | None:
     """The build ID label of the image under `tag`, or None when there is none. For a
-    multi-platform index, that of its linux/amd64 image."""
+    multi-platform index, that of its image for `arch`."""
     manifest = registry.manifest(repository, tag)
     if manifest is None:
         return None
     document = json.loads(manifest.body)
     if manifest.media_type in INDEX_TYPES:
         entry = next(
-            (m for m in document.get("manifests", []) if m.get("platform", {}).get("architecture") == "amd64"), None
+            (m for m in document.get("manifests", []) if m.get("platform", {}).get("architecture") == arch), None
         )
         image = registry.manifest(repository, entry["digest"]) if entry else None
         if image is None:
@@ -35,4 +36,4 @@ def published_build_id(registry: Registry, repository: str, tag: str) -> str | N
 
 
 def is_published(registry: Registry, grid: Matrix, cell: Cell, build_id: str) -> bool:
-    return published_build_id(registry, grid.spec.repository, cell.tag) == build_id
+    return published_build_id(registry, grid.spec.repository, multiarch.image_tag(grid, cell), cell.arch) == build_id

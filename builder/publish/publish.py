@@ -32,8 +32,9 @@ from builder.errors import UserError
 from builder.lock import requirements as lock
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
-from builder.publish import sbom
+from builder.publish import multiarch, sbom
 from builder.publish.registry import Manifest, Registry
+from builder.spec import platform as platforms
 
 TABLE_START, TABLE_END = "<!-- published-tags:start -->", "<!-- published-tags:end -->"
 Report = Callable[[str], None]
@@ -50,11 +51,18 @@ class Publication:
     moved_aliases: list[str] = field(default_factory=list)
     attached: list[str] = field(default_factory=list)  # artifacts this run attached (sbom, selftest)
     staging_tag: str = ""  # pushed under this tag instead of the versioned one (publish --stage)
+    image_tag: str = ""  # `<tag>-<arch>` when the versioned tag is a multi-arch index (multiarch.py)
+    tag_digest: str = ""  # what the versioned tag points at, when not the image itself: the index
 
     @property
     def target(self) -> str:
         """The tag this run pushes the image under."""
-        return self.staging_tag or self.cell.tag
+        return self.staging_tag or self.image_tag or self.cell.tag
+
+    @property
+    def points_to(self) -> str:
+        """The digest the versioned tag and the aliases name: the image's, or its index's."""
+        return self.tag_digest or self.digest
 
 
 def gate(engine: docker.DockerClient, grid: Matrix, cells: list[Cell]) -> list[Publication]:
@@ -75,7 +83,8 @@ def gate(engine: docker.DockerClient, grid: Matrix, cells: list[Cell]) -> list[P
             )
             continue
         labels = engine.images.get(image_id).labels or {}
-        ready.append(Publication(cell, image_id, report, build_id=labels.get(BUILD_ID_LABEL, "")))
+        build_id = labels.get(BUILD_ID_LABEL, "")
+        ready.append(Publication(cell, image_id, report, build_id, image_tag=multiarch.image_tag(grid, cell)))
     if refused:
         raise UserError("refused, nothing pushed: " + " | ".join(refused))
     return ready
@@ -102,8 +111,7 @@ def push_image(
     repository = f"{grid.spec.registry}/{grid.spec.repository}"
     tag = item.target
     current = registry.manifest(grid.spec.repository, tag)
-    repo_digests = engine.images.get(item.image_id).attrs.get("RepoDigests") or []
-    if current and f"{repository}@{current.digest}" in repo_digests:
+    if current and _config_digest(current) == item.image_id:  # the same image config: the same image
         item.digest, item.unchanged = current.digest, True
         return
     engine.images.get(item.image_id).tag(repository, tag)
@@ -126,6 +134,13 @@ def push_image(
             f"the engine pushed {pushed}; aliases left where they were"
         )
     item.digest = verified.digest
+
+
+def _config_digest(manifest: Manifest) -> str | None:
+    """An image manifest's config digest, which is the engine's image ID; None for an index."""
+    config = json.loads(manifest.body).get("config") or {}
+    digest: str | None = config.get("digest")
+    return digest
 
 
 ARTIFACT_TYPES = {"sbom": "application/vnd.cyclonedx+json", "selftest": "application/vnd.torch-images.selftest.v1+json"}
@@ -163,19 +178,22 @@ def _push_metadata(
 def _move_aliases(registry: Registry, grid: Matrix, items: list[Publication], report: Report) -> None:
     repository = grid.spec.repository
     previous: list[tuple[str, Manifest | None]] = []
+    # The platforms of a multi-arch tag share its aliases (the plan checks it): moved once.
+    by_tag = {item.cell.tag: item for item in items}
     try:
-        for item in items:
-            target = registry.manifest(repository, item.cell.tag)
-            if target is None or target.digest != item.digest:
-                raise UserError(f"{repository}:{item.cell.tag} changed while publishing; aliases left where they were")
+        for tag, item in by_tag.items():
+            target = registry.manifest(repository, tag)
+            if target is None or target.digest != item.points_to:
+                raise UserError(f"{repository}:{tag} changed while publishing; aliases left where they were")
             for alias in item.cell.aliases:
                 before = registry.manifest(repository, alias)
-                if before and before.digest == item.digest:
+                if before and before.digest == item.points_to:
                     continue
                 registry.put_manifest(repository, alias, target)
                 previous.append((alias, before))  # only aliases that did move need putting back
-                item.moved_aliases.append(alias)
-                report(f"moved {alias} -> {item.digest[:19]}")
+                for sharing in (i for i in items if i.cell.tag == tag):
+                    sharing.moved_aliases.append(alias)
+                report(f"moved {alias} -> {item.points_to[:19]}")
     except UserError:
         for alias, before in reversed(previous):
             if before is not None:
@@ -196,6 +214,7 @@ def publish(
 ) -> list[Publication]:
     """Publish the cells; records go to published/ beside the matrix file, and the table of
     published tags into the README.md beside it (where that README has the table's markers)."""
+    multiarch.check_complete(grid, cells)  # a multi-arch tag: every platform's image, or none
     items = gate(engine, grid, cells)
     registry = Registry.for_publishing(grid.spec.registry, ca_file, insecure)
     registry.check()
@@ -203,6 +222,7 @@ def publish(
         push_image(engine, registry, grid, item, report)
     for item in items:
         attach_missing(engine, registry, grid, item, report)
+    multiarch.push_indexes(registry, grid, items, report)
     finish(registry, grid, items, report, records_dir, readme)
     return items
 
@@ -244,7 +264,9 @@ def write_record(grid: Matrix, item: Publication, records_dir: Path) -> Path:
         "cell": item.cell.name,
         "repository": f"{grid.spec.registry}/{grid.spec.repository}",
         "tags": [item.cell.tag, *item.cell.aliases],
-        "digest": item.digest,
+        "digest": item.points_to,
+        "platform": item.cell.platform,
+        **({"image": {"tag": item.image_tag, "digest": item.digest}} if item.tag_digest else {}),
         "image_id": item.image_id,
         "build_id": item.build_id,
         "selftest": {
@@ -253,7 +275,7 @@ def write_record(grid: Matrix, item: Publication, records_dir: Path) -> Path:
             "passed": sum(1 for c in checks if c["status"] == "pass"),
             "checks": len(checks),
         },
-        "sbom": f"{item.cell.tag}.sbom",
+        "sbom": f"{item.image_tag or item.cell.tag}.sbom",
         "attached": {kind: ARTIFACT_TYPES[kind] for kind in ARTIFACT_TYPES},  # to the digest, as OCI referrers
         "published": times.iso_utc(time.time()),
     }
@@ -269,13 +291,13 @@ def update_readme_table(readme: Path, records_dir: Path) -> None:
     records = [json.loads(p.read_text()) for p in sorted(records_dir.glob("*.json"))] if records_dir.is_dir() else []
     if not records:
         return
-    rows = ["| tag | aliases | digest | self-test |", "|---|---|---|---|"]
+    rows = ["| tag | platform | aliases | digest | self-test |", "|---|---|---|---|---|"]
     for record in records:
         tag, *aliases = record["tags"]
         selftest = record["selftest"]
         rows.append(
-            f"| `{record['repository']}:{tag}` | {', '.join(f'`{a}`' for a in aliases) or '-'} | "
-            f"`{record['digest'][:19]}` | {selftest['status']} "
+            f"| `{record['repository']}:{tag}` | {record.get('platform', platforms.DEFAULT)} | "
+            f"{', '.join(f'`{a}`' for a in aliases) or '-'} | `{record['digest'][:19]}` | {selftest['status']} "
             f"({selftest['passed']}/{selftest['checks']} on {selftest['device']}) |"
         )
     text = readme.read_text()

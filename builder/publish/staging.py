@@ -24,7 +24,7 @@ from builder.build import build
 from builder.errors import UserError
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
-from builder.publish import existing, publish
+from builder.publish import existing, multiarch, publish
 from builder.publish.publish import ARTIFACT_TYPES, Publication
 from builder.publish.registry import Registry
 from builder.spec import grammar
@@ -33,8 +33,8 @@ Report = Callable[[str], None]
 RUN = grammar.Grammar(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,39}", "a run ID of letters, digits, '_' and '-' (CI's run number)")
 
 
-def staging_tag(cell: Cell, run: str) -> str:
-    return f"{cell.tag}.staging-{run}"[:128]
+def staging_tag(grid: Matrix, cell: Cell, run: str) -> str:
+    return f"{multiarch.image_tag(grid, cell)}.staging-{run}"[:128]
 
 
 def check_run(run: str) -> str:
@@ -46,11 +46,11 @@ def check_run(run: str) -> str:
 def stage(
     engine: docker.DockerClient, registry: Registry, grid: Matrix, cells: list[Cell], run: str, report: Report
 ) -> list[Publication]:
-    check_run(run)
+    check_run(run)  # one platform at a time is fine here: the index is made only at promotion
     local = [c for c in cells if _built_here(engine, grid, c)]
     items = publish.gate(engine, grid, local)
     for item in items:
-        item.staging_tag = staging_tag(item.cell, run)
+        item.staging_tag = staging_tag(grid, item.cell, run)
         publish.push_image(engine, registry, grid, item, report)
         publish.attach_missing(engine, registry, grid, item, report)
     for cell in (c for c in cells if c not in local):
@@ -76,17 +76,22 @@ def _stage_published(
             f"{cell.name}: not built here and build ID {build_id[:12]} is not in {grid.spec.registry}; "
             f"run `python -m builder build {cell.name}`"
         )
-    manifest = registry.manifest(grid.spec.repository, cell.tag)
-    assert manifest is not None  # is_published read it
-    registry.put_manifest(grid.spec.repository, staging_tag(cell, run), manifest)
-    report(f"{cell.name}: staged the published {cell.tag} ({manifest.digest[:19]}), build ID {build_id[:12]}")
-    return Publication(cell, "", {}, build_id=build_id, digest=manifest.digest, unchanged=True)
+    published = multiarch.image_tag(grid, cell)
+    manifest = registry.manifest(grid.spec.repository, published)
+    if manifest is None:
+        raise UserError(
+            f"{cell.name}: {published} is not in {grid.spec.registry}; run `python -m builder build {cell.name}`"
+        )
+    registry.put_manifest(grid.spec.repository, staging_tag(grid, cell, run), manifest)
+    report(f"{cell.name}: staged the published {published} ({manifest.digest[:19]}), build ID {build_id[:12]}")
+    return Publication(cell, "", {}, build_id=build_id, digest=manifest.digest, unchanged=True, image_tag=published)
 
 
 def gate_in_registry(registry: Registry, grid: Matrix, cells: list[Cell], run: str) -> list[Publication]:
     """Every cell staged in this run, with a passing self-test of exactly that image and an SBOM
     attached to its digest; refuses them all, naming each one, otherwise."""
     check_run(run)
+    multiarch.check_complete(grid, cells, "promote")
     ready, refused = [], []
     for cell in cells:
         found = _staged(registry, grid, cell, run)
@@ -100,7 +105,7 @@ def gate_in_registry(registry: Registry, grid: Matrix, cells: list[Cell], run: s
 
 
 def _staged(registry: Registry, grid: Matrix, cell: Cell, run: str) -> Publication | str:
-    repository, tag = grid.spec.repository, staging_tag(cell, run)
+    repository, tag = grid.spec.repository, staging_tag(grid, cell, run)
     manifest = registry.manifest(repository, tag)
     if manifest is None:
         return f"not staged ({tag} is not in {grid.spec.registry})"
@@ -114,7 +119,9 @@ def _staged(registry: Registry, grid: Matrix, cell: Cell, run: str) -> Publicati
     if report.get("status") != "pass" or report.get("image_id") != image_id:
         return f"the attached self-test report is not a pass for image {image_id[7:19]}"
     build_id = existing.published_build_id(registry, repository, tag) or ""
-    return Publication(cell, image_id, report, build_id=build_id, digest=manifest.digest)
+    return Publication(
+        cell, image_id, report, build_id=build_id, digest=manifest.digest, image_tag=multiarch.image_tag(grid, cell)
+    )
 
 
 def _artifact_document(registry: Registry, repository: str, digest: str) -> dict[str, object]:
@@ -138,16 +145,17 @@ def promote(
     items = gate_in_registry(registry, grid, cells, run)
     repository = grid.spec.repository
     for item in items:
-        current = registry.manifest(repository, item.cell.tag)
+        current = registry.manifest(repository, item.target)
         if current is not None and current.digest == item.digest:
             item.unchanged = True
             continue
-        staged = registry.manifest(repository, staging_tag(item.cell, run))
+        staged = registry.manifest(repository, staging_tag(grid, item.cell, run))
         if staged is None or staged.digest != item.digest:
-            raise UserError(f"{repository}:{staging_tag(item.cell, run)} changed while promoting; nothing moved")
-        registry.put_manifest(repository, item.cell.tag, staged)
-        report(f"{item.cell.tag} -> {item.digest[:19]}")
+            raise UserError(f"{repository}:{staging_tag(grid, item.cell, run)} changed while promoting; nothing moved")
+        registry.put_manifest(repository, item.target, staged)
+        report(f"{item.target} -> {item.digest[:19]}")
         _name_artifacts(registry, repository, item)
+    multiarch.push_indexes(registry, grid, items, report)
     publish.finish(registry, grid, items, report, records_dir, readme)
     return items
 
@@ -159,4 +167,4 @@ def _name_artifacts(registry: Registry, repository: str, item: Publication) -> N
     for kind, media_type in ARTIFACT_TYPES.items():
         manifest = registry.manifest(repository, by_type[media_type])
         if manifest is not None:
-            registry.put_manifest(repository, f"{item.cell.tag}.{kind}", manifest)
+            registry.put_manifest(repository, f"{item.target}.{kind}", manifest)

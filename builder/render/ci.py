@@ -14,7 +14,8 @@ from builder.spec import grammar
 from builder.spec.schema import DEFAULT_MATRIX
 
 SYSTEMS = ("github", "gitlab")
-RUNNER = "ubuntu-24.04"
+# GitHub's hosted runner per platform: arm64 cells build natively on GitHub's arm64 runners.
+RUNNERS = {"linux/amd64": "ubuntu-24.04", "linux/arm64": "ubuntu-24.04-arm"}
 CELL_TIMEOUT_MINUTES = 150  # a CUDA cell: about 3 GB of wheels, a 6 GB image, normalization and the self-test
 
 
@@ -26,13 +27,19 @@ def workflow(grid: Matrix, system: str) -> str:
     for name in cells:  # cell names are made of validated fields; say so here too
         if not grammar.TAG.matches(name):
             raise UserError(f"cell name {name!r} cannot go into a workflow: write {grammar.TAG.hint}")
+    jobs = [{"cell": cell.name, "runner": RUNNERS[cell.platform]} for cell in grid.cells]
+    by_arch: dict[str, list[str]] = {}
+    for cell in grid.cells:
+        by_arch.setdefault(cell.arch, []).append(cell.name)
     values = {
         "matrix_file": matrix_file,
         "matrix_option": "" if matrix_file == str(DEFAULT_MATRIX) else f"--matrix {matrix_file} ",
         "images_dir": _relative(grid.images_dir),
         "registry": grid.spec.registry,
         "cells": cells,
-        "runner": RUNNER,
+        "jobs": jobs,
+        "by_arch": by_arch,
+        "runner": RUNNERS["linux/amd64"],
         "timeout_minutes": CELL_TIMEOUT_MINUTES,
     }
     render.check_values(values, "ci")

@@ -60,6 +60,7 @@ PYTHON_VERSION = Grammar(
     r"([0-9]+!)?[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?(\+[a-z0-9]+(\.[a-z0-9]+)*)?",
     "a PEP 440 version such as 2.15.0 or 2.13.0+cpu",
 )
+PLATFORM = Grammar(r"linux/(amd64|arm64)", 'a platform: "linux/amd64" or "linux/arm64"')
 SHA256 = Grammar(r"[0-9a-f]{64}", "64 lower-case hex digits")
 # Image and layer sizes in decimal units, as `docker images` prints them.
 SIZE = Grammar(r"[0-9]+(\.[0-9]+)? ?(MB|GB)", 'a size such as "5.6 GB" or "800 MB"')

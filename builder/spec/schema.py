@@ -31,7 +31,7 @@ HINTS = {
     for g in (
         grammar.VERSION, grammar.CUDA, grammar.NAME, grammar.DIGEST, grammar.URL, grammar.LOOPBACK,
         grammar.REGISTRY, grammar.REPOSITORY, grammar.RELATIVE_DIR, grammar.FIND_LINKS, grammar.SIZE,
-        grammar.SHA256, grammar.DEBIAN_PACKAGE,
+        grammar.SHA256, grammar.DEBIAN_PACKAGE, grammar.PLATFORM,
     )
 }  # fmt: skip
 Version = Annotated[str, _field(grammar.VERSION)]
@@ -47,6 +47,7 @@ FindLinks = Annotated[str, _field(grammar.FIND_LINKS)]
 Size = Annotated[str, _field(grammar.SIZE)]
 Sha256 = Annotated[str, _field(grammar.SHA256)]
 DebianPackage = Annotated[str, _field(grammar.DEBIAN_PACKAGE)]
+PlatformName = Annotated[str, _field(grammar.PLATFORM)]
 
 
 class Strict(BaseModel):
@@ -106,6 +107,7 @@ class Selector(Strict):
     flavor: Name | None = None
     index: Name | None = None
     trtllm: Version | None = None
+    platform: PlatformName | None = None
 
 
 class Axes(Strict):
@@ -115,6 +117,7 @@ class Axes(Strict):
     python: list[Version] | None = None
     base: Annotated[list[Name], Field(min_length=1)]
     flavor: Annotated[list[Name], Field(min_length=1)]
+    platform: list[PlatformName] | None = None  # linux/amd64 when unset
 
 
 class AliasSpec(Strict):
@@ -273,5 +276,5 @@ def _check_template(where: FieldPath, template: str, source: SourceMap) -> None:
 
 TEMPLATE_FIELDS = (
     "torch", "torch_minor", "cuda", "cuda_tag", "cudnn", "cudnn_tag", "accel",
-    "python", "glibc", "base", "flavor", "trtllm",
+    "python", "glibc", "base", "flavor", "trtllm", "arch",
 )  # fmt: skip

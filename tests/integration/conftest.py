@@ -10,6 +10,8 @@ engine's intermediate build steps, bases it bootstrapped, and anything a test le
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +24,9 @@ from builder.build import build, smoke, wheelhouse
 from builder.engine import daemon
 from builder.plan import matrix
 from builder.plan.cell import Cell
-from tests import engine_state
+from builder.publish import loopback
+from builder.publish.registry import Registry
+from tests import engine_state, registry_fixtures
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -92,3 +96,46 @@ def smoke_of(image: BuiltCell) -> smoke.SmokeResult:
 @pytest.fixture(scope="session")
 def smoke_result(built: BuiltCell) -> smoke.SmokeResult:
     return smoke_of(built)
+
+
+@dataclass
+class RunningRegistry:
+    host: str
+    user: str | None = None
+    password: str | None = None
+    ca: Path | None = None  # set when it serves HTTPS
+    issuer: registry_fixtures.TokenIssuer | None = None  # set when it wants tokens
+
+    def api(self) -> Registry:
+        return Registry(self.host, self.user, self.password, retries=1, backoff_s=0.1, ca_file=self.ca)
+
+
+@pytest.fixture
+def start_registry(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
+    """start(user, password, tls=False, token=False): a registry on loopback, with htpasswd
+    authentication for `user` (or token authentication through a test token issuer), and HTTPS
+    with a certificate from a test CA when `tls`."""
+    if not Path(loopback.REGISTRY_BINARY).exists():
+        pytest.fail("docker-registry is not installed; `nox -s tests` installs Debian's docker-registry")
+    with contextlib.ExitStack() as running:
+        started = itertools.count()
+
+        def start(
+            user: str | None = None,
+            password: str | None = None,
+            tls: bool = False,
+            token: bool = False,
+            ttl_s: int = 300,
+        ) -> RunningRegistry:
+            root = tmp_path / f"registry-{next(started)}"
+            certificate = registry_fixtures.server_certificate(root / "pki") if tls else None
+            https = loopback.Tls(certificate.certificate, certificate.key) if certificate else None
+            issuer, auth = None, None
+            if token:
+                issuer = registry_fixtures.TokenIssuer(root / "issuer", user or "ci", password or "", ttl_s=ttl_s)
+                running.enter_context(issuer.serving())
+                auth = loopback.TokenAuth(issuer.realm, issuer.service, issuer.issuer, issuer.certificate)
+            host = running.enter_context(loopback.registry(root, None if token else user, password, https, auth))
+            return RunningRegistry(host, user, password, certificate.ca if certificate else None, issuer)
+
+        yield start

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import itertools
 import json
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,52 +15,9 @@ from builder.plan.matrix import Matrix
 from builder.publish import existing, loopback, publish, staging
 from builder.publish.registry import Manifest, Registry
 from tests import registry_fixtures
-from tests.integration.conftest import BuiltCell
+from tests.integration.conftest import BuiltCell, RunningRegistry
 
 pytestmark = pytest.mark.integration
-
-
-@dataclass
-class RunningRegistry:
-    host: str
-    user: str | None = None
-    password: str | None = None
-    ca: Path | None = None  # set when it serves HTTPS
-    issuer: registry_fixtures.TokenIssuer | None = None  # set when it wants tokens
-
-    def api(self) -> Registry:
-        return Registry(self.host, self.user, self.password, retries=1, backoff_s=0.1, ca_file=self.ca)
-
-
-@pytest.fixture
-def start_registry(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
-    """start(user, password, tls=False, token=False): a registry on loopback, with htpasswd
-    authentication for `user` (or token authentication through a test token issuer), and HTTPS
-    with a certificate from a test CA when `tls`."""
-    if not Path(loopback.REGISTRY_BINARY).exists():
-        pytest.fail("docker-registry is not installed; `nox -s tests` installs Debian's docker-registry")
-    with contextlib.ExitStack() as running:
-        started = itertools.count()
-
-        def start(
-            user: str | None = None,
-            password: str | None = None,
-            tls: bool = False,
-            token: bool = False,
-            ttl_s: int = 300,
-        ) -> RunningRegistry:
-            root = tmp_path / f"registry-{next(started)}"
-            certificate = registry_fixtures.server_certificate(root / "pki") if tls else None
-            https = loopback.Tls(certificate.certificate, certificate.key) if certificate else None
-            issuer, auth = None, None
-            if token:
-                issuer = registry_fixtures.TokenIssuer(root / "issuer", user or "ci", password or "", ttl_s=ttl_s)
-                running.enter_context(issuer.serving())
-                auth = loopback.TokenAuth(issuer.realm, issuer.service, issuer.issuer, issuer.certificate)
-            host = running.enter_context(loopback.registry(root, None if token else user, password, https, auth))
-            return RunningRegistry(host, user, password, certificate.ca if certificate else None, issuer)
-
-        yield start
 
 
 def _fully_attached(api: Registry, digest: str) -> bool:
@@ -332,7 +285,7 @@ def test_ci_stages_each_cell_then_promotes_from_the_registry_alone(
     readme.write_text(f"# x\n{publish.TABLE_START}\n{publish.TABLE_END}\n")
 
     [staged] = staging.stage(built.client, api, grid, [built.cell], "r1", say)
-    tag = staging.staging_tag(built.cell, "r1")
+    tag = staging.staging_tag(built.grid, built.cell, "r1")
     assert api.manifest("torch", tag).digest == staged.digest  # type: ignore[union-attr]
     assert api.manifest("torch", built.cell.tag) is None  # staging moves no versioned tag
     assert all(api.manifest("torch", alias) is None for alias in built.cell.aliases)
@@ -345,7 +298,7 @@ def test_ci_stages_each_cell_then_promotes_from_the_registry_alone(
     assert good is not None
     body = json.dumps({**json.loads(good.body), "annotations": {"test": "another image"}}).encode()
     other = Manifest.of(body, good.media_type)
-    api.put_manifest("torch", staging.staging_tag(built.cell, "bad"), other)
+    api.put_manifest("torch", staging.staging_tag(built.grid, built.cell, "bad"), other)
     failing = json.dumps({**smoke_result.report, "status": "fail"}).encode()
     api.push_artifact("torch", "bad.selftest", failing, publish.ARTIFACT_TYPES["selftest"], {}, other)
     api.push_artifact("torch", "bad.sbom", b"{}", publish.ARTIFACT_TYPES["sbom"], {}, other)
@@ -369,7 +322,7 @@ def test_ci_stages_each_cell_then_promotes_from_the_registry_alone(
     finally:
         local.tag(*built.reference.split(":", 1))
     assert again.digest == staged.digest
-    assert api.manifest("torch", staging.staging_tag(built.cell, "r3")).digest == staged.digest  # type: ignore[union-attr]
+    assert api.manifest("torch", staging.staging_tag(built.grid, built.cell, "r3")).digest == staged.digest  # type: ignore[union-attr]
 
 
 def test_a_connection_cut_mid_push_is_retried_and_nothing_is_half_published(

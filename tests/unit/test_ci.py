@@ -42,7 +42,12 @@ def test_the_workflow_is_valid_for_its_ci_system_and_a_broken_one_is_not(system:
 
 def test_every_buildable_cell_is_a_job_and_promotion_waits_for_them_all(grid) -> None:  # type: ignore[no-untyped-def]
     github = yaml.safe_load(ci.workflow(grid, "github"))
-    assert github["jobs"]["cell"]["strategy"]["matrix"]["cell"] == [c.name for c in grid.cells]
+    jobs = github["jobs"]["cell"]["strategy"]["matrix"]["include"]
+    assert [job["cell"] for job in jobs] == [c.name for c in grid.cells]
+    # each cell on a runner of its platform: arm64 cells build natively, not under emulation
+    runners = {c.name: ci.RUNNERS[c.platform] for c in grid.cells}
+    assert {job["cell"]: job["runner"] for job in jobs} == runners
+    assert "ubuntu-24.04-arm" in runners.values() and github["jobs"]["cell"]["runs-on"] == "${{ matrix.runner }}"
     assert github["jobs"]["cell"]["strategy"]["fail-fast"] is False
     assert github["jobs"]["promote"]["needs"] == "cell"
     steps = [step.get("run", "") for step in github["jobs"]["cell"]["steps"]]
@@ -51,7 +56,9 @@ def test_every_buildable_cell_is_a_job_and_promotion_waits_for_them_all(grid) ->
     promote = " ".join(step.get("run", "") for step in github["jobs"]["promote"]["steps"])
     assert "--promote --run ${{ github.run_id }} --all" in promote
     gitlab = yaml.safe_load(ci.workflow(grid, "gitlab"))
-    assert gitlab["cell"]["parallel"]["matrix"][0]["CELL"] == [c.name for c in grid.cells]
+    by_arch = {entry["ARCH"]: entry["CELL"] for entry in gitlab["cell"]["parallel"]["matrix"]}
+    assert by_arch == {arch: [c.name for c in grid.cells if c.arch == arch] for arch in ("amd64", "arm64")}
+    assert gitlab["cell"]["tags"] == ["torch-images-$ARCH"]
     assert gitlab["promote"]["needs"] == ["cell"] and gitlab["promote"]["stage"] == "promote"
 
 

@@ -71,7 +71,10 @@ def test_records_regenerate_the_readme_table_between_its_markers(tmp_path: Path)
     publish.update_readme_table(readme, records)
     text = readme.read_text()
     assert text.startswith("intro\n") and text.endswith(f"{publish.TABLE_END}\noutro\n") and "old" not in text
-    assert "| `127.0.0.1:5000/torch:2.9.1-cu12.8-cudnn9.10-py3.11-bookworm-runtime` | `2.9-runtime` |" in text
+    assert (
+        "| `127.0.0.1:5000/torch:2.9.1-cu12.8-cudnn9.10-py3.11-bookworm-runtime` | linux/amd64 | `2.9-runtime` |"
+        in text
+    )
 
 
 def test_no_engine_is_one_line_naming_the_socket_and_exit_2(tmp_path: Path) -> None:
