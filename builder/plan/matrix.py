@@ -341,8 +341,23 @@ def _check_platform_groups(cells: list[Cell], source: SourceMap) -> None:
     """The platforms of a multi-arch tag are pushed as one index and its aliases move with
     it: cells that share their versioned tag must share all their aliases too."""
     by_tag: dict[str, list[Cell]] = {}
+    images_of: dict[str, dict[str, Cell]] = {}  # a tag or alias -> versioned tag -> a cell under it
     for cell in cells:
         by_tag.setdefault(cell.tag, []).append(cell)
+        for name in (cell.tag, *cell.aliases):
+            images_of.setdefault(name, {}).setdefault(cell.tag, cell)
+    for name, under in images_of.items():
+        if len(under) > 1:  # on different platforms, else the owner check above refused it
+            first, other = list(under.values())[:2]
+            where: FieldPath = ("flagship",) if name == "latest" else ("aliases",)
+            narrow = "the flagship" if name == "latest" else "it with where:"
+            raise UserError(
+                f"cells {first.name} ({first.platform}) and {other.name} ({other.platform}) both get '{name}' but "
+                f"are different images ({first.tag}, {other.tag}); a tag names one image per platform: narrow "
+                f"{narrow} (platform: linux/amd64, say)",
+                source.location(where),
+                dotted(where),
+            )
     for group in by_tag.values():
         first = group[0]
         for other in group[1:]:

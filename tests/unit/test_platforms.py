@@ -36,6 +36,10 @@ def arm_wheels(wheels: TorchWheels) -> TorchWheels:
     return wheels
 
 
+def line_of(path: Path, needle: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if needle in line)
+
+
 def edit(path: Path, old: str, new: str) -> Path:
     text = path.read_text()
     assert old in text, f"fixture does not contain {old!r}"
@@ -60,6 +64,7 @@ def test_the_committed_facts_know_pypis_aarch64_wheels() -> None:
 def test_a_platform_axis_makes_an_arm64_cell_of_each_combination(matrix_file: Path, arm_wheels: TorchWheels) -> None:
     edit(matrix_file, "  flavor: [runtime, devel]\n", PLATFORM_AXIS)
     edit(matrix_file, "    where: {base: bookworm}\n", "    where: {base: bookworm, platform: linux/amd64}\n")
+    edit(matrix_file, "flavor: runtime}", "flavor: runtime, platform: linux/amd64}")  # the flagship
     grid = load_matrix(matrix_file, arm_wheels)
     arm = grid.cell("2.9.1-cpu-bookworm-runtime-arm64")
     assert (arm.platform, arm.arch, arm.base.arch, arm.torch.cuda) == ("linux/arm64", "arm64", "arm64", "cpu")
@@ -118,6 +123,7 @@ def test_an_unknown_platform_is_one_line_naming_the_known_ones(matrix_file: Path
 def test_arm64_cells_lock_and_choose_aarch64_wheels(matrix_file: Path, arm_wheels: TorchWheels) -> None:
     edit(matrix_file, "  flavor: [runtime, devel]\n", PLATFORM_AXIS)
     edit(matrix_file, "    where: {base: bookworm}\n", "    where: {base: bookworm, platform: linux/amd64}\n")
+    edit(matrix_file, "flavor: runtime}", "flavor: runtime, platform: linux/amd64}")  # the flagship
     grid = load_matrix(matrix_file, arm_wheels)
     arm, x86 = grid.cell("2.9.1-cpu-bookworm-runtime-arm64"), grid.cell("2.9.1-cu12.8-bookworm-runtime")
     assert lock.manylinux_target(arm.base.glibc, arm.platform) == "aarch64-manylinux_2_36"
@@ -166,3 +172,27 @@ def test_publishing_some_platforms_of_a_tag_is_refused_before_anything_is_pushed
         "nothing pushed"
     )
     multiarch.check_complete(grid, [x86, arm])
+
+
+def test_an_alias_over_different_images_on_two_platforms_is_refused(matrix_file: Path, arm_wheels: TorchWheels) -> None:
+    # 2.9-runtime would name the x86 CUDA image and the arm64 CPU image: which one moves it?
+    edit(matrix_file, "  flavor: [runtime, devel]\n", PLATFORM_AXIS)
+    edit(matrix_file, '  - template: "{torch_minor}-{cuda_tag}-{flavor}"', '  - template: "{torch_minor}-{flavor}"')
+    with pytest.raises(UserError) as caught:
+        load_matrix(matrix_file, arm_wheels)
+    line = caught.value.line()
+    cells = "2.9.1-cu12.8-bookworm-runtime (linux/amd64) and 2.9.1-cpu-bookworm-runtime-arm64 (linux/arm64)"
+    assert f"cells {cells}" in line
+    assert "both get '2.9-runtime' but are different images" in line and "narrow it with where:" in line
+
+
+def test_latest_over_different_images_on_two_platforms_names_the_flagship(
+    matrix_file: Path, arm_wheels: TorchWheels
+) -> None:
+    edit(matrix_file, "  flavor: [runtime, devel]\n", PLATFORM_AXIS)
+    edit(matrix_file, "    where: {base: bookworm}\n", "    where: {base: bookworm, platform: linux/amd64}\n")
+    with pytest.raises(UserError) as caught:
+        load_matrix(matrix_file, arm_wheels)
+    assert caught.value.line().startswith(f"{matrix_file}:{line_of(matrix_file, 'flagship:')}: flagship: cells ")
+    assert "both get 'latest' but are different images" in caught.value.line()
+    assert "narrow the flagship (platform: linux/amd64, say)" in caught.value.line()
