@@ -21,9 +21,12 @@ def pypi_reachable() -> None:
 
 def test_torch_builds_on_pypi_match_their_wheels_metadata(pypi_reachable: None) -> None:
     table = compat.TorchWheels.load().table["pypi"]
-    for version in sorted(table, key=compat.version_key)[-2:]:  # the newest two: each reads one METADATA
-        [fresh] = compat.read_torch_builds([version], ["https://pypi.org/simple"], [], {})
-        assert fresh == table[version], version
+    newest = sorted({b.version for b in table.values()}, key=compat.version_key)[-2:]
+    for version in newest:  # each platform's wheel: one METADATA read each
+        fresh = compat.read_torch_builds([version], ["https://pypi.org/simple"], [], {})
+        assert {b.platform for b in fresh} == {"linux/amd64", "linux/arm64"}, version
+        for build in fresh:
+            assert build == table[build.key], build.key
 
 
 def test_trtllm_releases_match_their_published_metadata(pypi_reachable: None) -> None:
