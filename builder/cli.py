@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from builder.build import build, size, smoke, twice, wheelhouse
-from builder.engine import daemon
+from builder.engine import daemon, emulation
 from builder.errors import EXIT_USER_ERROR, UserError
 from builder.facts import compat, refresh
 from builder.lock import debian, inputs
@@ -152,6 +152,9 @@ def cmd_update(args: argparse.Namespace) -> int:
 
 def cmd_engine(args: argparse.Namespace) -> int:
     console.print(daemon.ensure_running(install=args.install, test_tools=args.test_tools))
+    for arch in args.emulate:  # before a build needs it: a CI machine that builds arm64 cells
+        emulation.ensure(arch, lambda text: console.print(text))
+        console.print(f"{arch} programs run here" + (" (emulated)" if arch != emulation.host_architecture() else ""))
     return 0
 
 
@@ -528,6 +531,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--test-tools",
         action="store_true",
         help="with --install, also what the tests use: docker-registry, apache2-utils (htpasswd) and openssl",
+    )
+    engine_cmd.add_argument(
+        "--emulate",
+        action="append",
+        default=[],
+        choices=sorted(emulation.ARCHITECTURES),
+        help="make this architecture's programs run here (repeatable): on another architecture's host, as root, "
+        "installs qemu-user-static, binfmt-support and arch-test with apt and registers them (builds of such "
+        "cells do it too, when needed)",
     )
     engine_cmd.set_defaults(func=cmd_engine)
 

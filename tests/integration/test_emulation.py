@@ -4,6 +4,8 @@ says so in its config. Opt-in (`-m emulation`): the bootstrap runs dpkg under qe
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 
 import docker
@@ -32,3 +34,13 @@ def test_an_arm64_base_bootstraps_under_emulation_and_its_config_says_arm64(clie
     script = "uname -m; dpkg --print-architecture; od -An -tx1 -j18 -N2 /bin/sh"  # ELF e_machine of sh
     output = client.containers.run(image_id, ["sh", "-c", script], remove=True, network_mode="none").decode().split()
     assert output == ["aarch64", "arm64", "b7", "00"]  # EM_AARCH64 (183): an arm64 program ran
+
+
+def test_the_engine_command_registers_emulation_for_ci_machines_and_says_so() -> None:
+    if emulation.host_architecture() == "arm64":
+        pytest.skip("this host is arm64: nothing is emulated")
+    result = subprocess.run(
+        [sys.executable, "-m", "builder", "engine", "--emulate", "arm64"], capture_output=True, text=True, cwd=REPO
+    )
+    assert result.returncode == 0, result.stderr
+    assert "arm64 programs run here (emulated)" in result.stderr and emulation.registered("arm64")
