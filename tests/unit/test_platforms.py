@@ -25,6 +25,11 @@ X86_ONLY = [
     for r in CU128
 ]
 PLATFORM_AXIS = "  flavor: [runtime, devel]\n  platform: [linux/amd64, linux/arm64]\n"
+# Edits of tests/fixtures/matrix.yaml, as (old, new):
+AXIS = ("  flavor: [runtime, devel]\n", PLATFORM_AXIS)
+NO_ACCEL_TAG = ('tag: "{torch}-{accel}-py{python}-{base}-{flavor}"', 'tag: "{torch}-py{python}-{base}-{flavor}"')
+MINOR_ALIAS = ('  - template: "{torch_minor}-{cuda_tag}-{flavor}"', '  - template: "{torch_minor}-{flavor}"')
+AMD64_ALIAS = ("    where: {base: bookworm}\n", "    where: {base: bookworm, platform: linux/amd64}\n")
 
 
 @pytest.fixture
@@ -34,6 +39,15 @@ def arm_wheels(wheels: TorchWheels) -> TorchWheels:
     arm = torch_build("2.9.1", pythons, "2.28", [*X86_ONLY, "filelock"], "linux/arm64")
     wheels.table["pypi"][arm.key] = arm
     return wheels
+
+
+def refusal(matrix_file: Path, wheels: TorchWheels, *edits: tuple[str, str]) -> str:
+    """The one line load_matrix refuses the edited matrix with."""
+    for old, new in edits:
+        edit(matrix_file, old, new)
+    with pytest.raises(UserError) as caught:
+        load_matrix(matrix_file, wheels)
+    return caught.value.line()
 
 
 def line_of(path: Path, needle: str) -> int:
@@ -62,8 +76,8 @@ def test_the_committed_facts_know_pypis_aarch64_wheels() -> None:
 
 
 def test_a_platform_axis_makes_an_arm64_cell_of_each_combination(matrix_file: Path, arm_wheels: TorchWheels) -> None:
-    edit(matrix_file, "  flavor: [runtime, devel]\n", PLATFORM_AXIS)
-    edit(matrix_file, "    where: {base: bookworm}\n", "    where: {base: bookworm, platform: linux/amd64}\n")
+    edit(matrix_file, *AXIS)
+    edit(matrix_file, *AMD64_ALIAS)
     edit(matrix_file, "flavor: runtime}", "flavor: runtime, platform: linux/amd64}")  # the flagship
     grid = load_matrix(matrix_file, arm_wheels)
     arm = grid.cell("2.9.1-cpu-bookworm-runtime-arm64")
@@ -82,9 +96,9 @@ def test_a_platform_axis_makes_an_arm64_cell_of_each_combination(matrix_file: Pa
 def test_cells_on_two_platforms_may_share_a_tag_and_become_one_index(
     matrix_file: Path, arm_wheels: TorchWheels
 ) -> None:
-    edit(matrix_file, "  flavor: [runtime, devel]\n", PLATFORM_AXIS)
-    edit(matrix_file, 'tag: "{torch}-{accel}-py{python}-{base}-{flavor}"', 'tag: "{torch}-py{python}-{base}-{flavor}"')
-    edit(matrix_file, '  - template: "{torch_minor}-{cuda_tag}-{flavor}"', '  - template: "{torch_minor}-{flavor}"')
+    edit(matrix_file, *AXIS)
+    edit(matrix_file, *NO_ACCEL_TAG)
+    edit(matrix_file, *MINOR_ALIAS)
     grid = load_matrix(matrix_file, arm_wheels)
     x86 = grid.cell("2.9.1-cu12.8-bookworm-runtime")
     group = grid.platforms_of(x86)
@@ -101,28 +115,22 @@ def test_a_tag_shared_on_one_platform_is_still_refused(matrix_file: Path, arm_wh
 
 
 def test_platforms_of_one_tag_must_share_their_aliases(matrix_file: Path, arm_wheels: TorchWheels) -> None:
-    edit(matrix_file, "  flavor: [runtime, devel]\n", PLATFORM_AXIS)
-    edit(matrix_file, 'tag: "{torch}-{accel}-py{python}-{base}-{flavor}"', 'tag: "{torch}-py{python}-{base}-{flavor}"')
-    with pytest.raises(UserError) as caught:
-        load_matrix(matrix_file, arm_wheels)
-    line = caught.value.line()
+    line = refusal(matrix_file, arm_wheels, AXIS, NO_ACCEL_TAG)
     assert "share the tag '2.9.1-py3.11-bookworm-runtime' (one image per platform) but not their aliases" in line
     assert "give them the same aliases" in line
 
 
 def test_an_unknown_platform_is_one_line_naming_the_known_ones(matrix_file: Path, arm_wheels: TorchWheels) -> None:
-    edit(matrix_file, "  flavor: [runtime, devel]\n", "  flavor: [runtime, devel]\n  platform: [linux/s390x]\n")
-    with pytest.raises(UserError) as caught:
-        load_matrix(matrix_file, arm_wheels)
-    assert caught.value.line() == (
+    unknown = ("  flavor: [runtime, devel]\n", "  flavor: [runtime, devel]\n  platform: [linux/s390x]\n")
+    assert refusal(matrix_file, arm_wheels, unknown) == (
         f"{matrix_file}:30: axes.platform[0]: 'linux/s390x' is not valid; "
         'write a platform: "linux/amd64" or "linux/arm64"'
     )
 
 
 def test_arm64_cells_lock_and_choose_aarch64_wheels(matrix_file: Path, arm_wheels: TorchWheels) -> None:
-    edit(matrix_file, "  flavor: [runtime, devel]\n", PLATFORM_AXIS)
-    edit(matrix_file, "    where: {base: bookworm}\n", "    where: {base: bookworm, platform: linux/amd64}\n")
+    edit(matrix_file, *AXIS)
+    edit(matrix_file, *AMD64_ALIAS)
     edit(matrix_file, "flavor: runtime}", "flavor: runtime, platform: linux/amd64}")  # the flagship
     grid = load_matrix(matrix_file, arm_wheels)
     arm, x86 = grid.cell("2.9.1-cpu-bookworm-runtime-arm64"), grid.cell("2.9.1-cu12.8-bookworm-runtime")
@@ -176,11 +184,7 @@ def test_publishing_some_platforms_of_a_tag_is_refused_before_anything_is_pushed
 
 def test_an_alias_over_different_images_on_two_platforms_is_refused(matrix_file: Path, arm_wheels: TorchWheels) -> None:
     # 2.9-runtime would name the x86 CUDA image and the arm64 CPU image: which one moves it?
-    edit(matrix_file, "  flavor: [runtime, devel]\n", PLATFORM_AXIS)
-    edit(matrix_file, '  - template: "{torch_minor}-{cuda_tag}-{flavor}"', '  - template: "{torch_minor}-{flavor}"')
-    with pytest.raises(UserError) as caught:
-        load_matrix(matrix_file, arm_wheels)
-    line = caught.value.line()
+    line = refusal(matrix_file, arm_wheels, AXIS, MINOR_ALIAS)
     cells = "2.9.1-cu12.8-bookworm-runtime (linux/amd64) and 2.9.1-cpu-bookworm-runtime-arm64 (linux/arm64)"
     assert f"cells {cells}" in line
     assert "both get '2.9-runtime' but are different images" in line and "narrow it with where:" in line
@@ -189,10 +193,7 @@ def test_an_alias_over_different_images_on_two_platforms_is_refused(matrix_file:
 def test_latest_over_different_images_on_two_platforms_names_the_flagship(
     matrix_file: Path, arm_wheels: TorchWheels
 ) -> None:
-    edit(matrix_file, "  flavor: [runtime, devel]\n", PLATFORM_AXIS)
-    edit(matrix_file, "    where: {base: bookworm}\n", "    where: {base: bookworm, platform: linux/amd64}\n")
-    with pytest.raises(UserError) as caught:
-        load_matrix(matrix_file, arm_wheels)
-    assert caught.value.line().startswith(f"{matrix_file}:{line_of(matrix_file, 'flagship:')}: flagship: cells ")
-    assert "both get 'latest' but are different images" in caught.value.line()
-    assert "narrow the flagship (platform: linux/amd64, say)" in caught.value.line()
+    line = refusal(matrix_file, arm_wheels, AXIS, AMD64_ALIAS)
+    assert line.startswith(f"{matrix_file}:{line_of(matrix_file, 'flagship:')}: flagship: cells ")
+    assert "both get 'latest' but are different images" in line
+    assert "narrow the flagship (platform: linux/amd64, say)" in line
