@@ -16,6 +16,7 @@ from typing import IO, Any, TypeVar
 import docker
 
 from builder import times
+from builder.spec import platform as platforms
 
 # (diff_id, the layer's tar, or None: a layer the engine already has)
 Layers = list[tuple[str, Path | None]]
@@ -24,6 +25,11 @@ Layers = list[tuple[str, Path | None]]
 def canonical_json(document: dict[str, Any]) -> bytes:
     """A config serialised one way only: its sha256 is the image ID."""
     return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _variant(architecture: str) -> str | None:
+    platform = platforms.of_debian(architecture)
+    return platform.variant if platform else None
 
 
 def image_config(
@@ -35,7 +41,7 @@ def image_config(
     return canonical_json(
         {
             "architecture": architecture,
-            **({"variant": "v8"} if architecture == "arm64" else {}),
+            **({"variant": variant} if (variant := _variant(architecture)) else {}),
             "os": "linux",
             "created": created,
             "config": {

@@ -38,8 +38,9 @@ def ensure(engine: docker.DockerClient, base: BaseImage, epoch: int, report: Rep
             return reference
     if base.image is not None and os.environ.get("TORCH_IMAGES_NO_PULL") != "1":
         try:
-            report(f"pulling {base.image} for linux/{base.arch}")
-            engine.images.pull(base.image, platform=f"linux/{base.arch}")
+            platform = base.platform.name
+            report(f"pulling {base.image} for {platform}")
+            engine.images.pull(base.image, platform=platform)
             if _present(engine, base.image, base.arch):
                 return base.image
         except docker.errors.APIError as error:

@@ -14,8 +14,8 @@ from builder.errors import UserError
 from builder.spec import platform as platforms
 
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
-# Debian architecture -> (what uname -m says, qemu's binfmt entry)
-ARCHITECTURES = {"amd64": ("x86_64", "qemu-x86_64"), "arm64": ("aarch64", "qemu-aarch64")}
+# Debian architecture -> qemu's binfmt entry for it
+ARCHITECTURES = {p.debian: p.qemu for p in platforms.PLATFORMS.values()}
 PACKAGES = ["qemu-user-static", "binfmt-support", "arch-test"]
 TOOLS = ["arch-test"]  # mmdebstrap checks a foreign architecture with it before it bootstraps one
 
@@ -25,7 +25,7 @@ def host_architecture() -> str:
 
 
 def registered(arch: str) -> bool:
-    return (BINFMT / ARCHITECTURES[arch][1]).exists()
+    return (BINFMT / ARCHITECTURES[arch]).exists()
 
 
 def ensure(arch: str, report: Callable[[str], None] = print) -> None:
@@ -40,7 +40,7 @@ def ensure(arch: str, report: Callable[[str], None] = print) -> None:
     daemon.apt_install(PACKAGES)
     if not (BINFMT / "register").exists():  # no systemd here to mount it
         subprocess.run(["mount", "-t", "binfmt_misc", "binfmt_misc", str(BINFMT)], check=True)
-    subprocess.run(["update-binfmts", "--enable", ARCHITECTURES[arch][1]], check=True, capture_output=True)
+    subprocess.run(["update-binfmts", "--enable", ARCHITECTURES[arch]], check=True, capture_output=True)
     if not registered(arch):
-        raise UserError(f"installed {', '.join(PACKAGES)} but {ARCHITECTURES[arch][1]} is not registered")
-    report(f"installed {', '.join(PACKAGES)} with apt-get and registered {arch} emulation ({ARCHITECTURES[arch][1]})")
+        raise UserError(f"installed {', '.join(PACKAGES)} but {ARCHITECTURES[arch]} is not registered")
+    report(f"installed {', '.join(PACKAGES)} with apt-get and registered {arch} emulation ({ARCHITECTURES[arch]})")

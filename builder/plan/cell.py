@@ -31,9 +31,15 @@ class BaseImage:
     keyring: KeyringSpec | None = None  # the archive's keys, when the host lacks them
 
     @property
+    def platform(self) -> platforms.Platform:
+        found = platforms.of_debian(self.arch)
+        assert found is not None, self.arch  # the plan sets arch from a known platform
+        return found
+
+    @property
     def local_tag(self) -> str:
         """The engine tag of the bootstrapped base (no registry involved)."""
-        return f"torch-images/base:{self.name}" + ("" if self.arch == "amd64" else f"-{self.arch}")
+        return f"torch-images/base:{self.name}{self.platform.suffix}"
 
     @property
     def reference(self) -> str:

@@ -186,8 +186,7 @@ def _named(cell: Cell, spec: MatrixSpec) -> Cell:
     name += f"-{cell.base.name}-{cell.flavor}"
     if cell.trtllm:
         name += f"{cell.trtllm}"
-    if cell.platform != platforms.DEFAULT:
-        name += f"-{cell.arch}"
+    name += platforms.of(cell.platform).suffix
     flagship = _matches(spec.flagship, cell)
     aliases = [a.template.format(**fields) for a in spec.aliases if _matches(a.where, cell)]
     if flagship:
@@ -256,9 +255,7 @@ def _provisional_name(selector: Selector) -> str:
     ]
     parts += [selector.cudnn and f"cudnn{selector.cudnn}", selector.python and f"py{selector.python}"]
     parts += [selector.base, selector.flavor and selector.flavor + (selector.trtllm or "")]
-    if selector.platform and selector.platform != platforms.DEFAULT:
-        parts.append(platforms.of(selector.platform).debian)
-    return "-".join(p for p in parts if p)
+    return "-".join(p for p in parts if p) + platforms.of(selector.platform or platforms.DEFAULT).suffix
 
 
 def expand(

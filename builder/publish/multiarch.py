@@ -9,10 +9,10 @@ with one platform stays a plain image manifest, as before.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+from builder.engine import archive
 from builder.errors import UserError
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
@@ -72,7 +72,7 @@ def index_of(tag: str, images: list[tuple[Cell, Manifest]]) -> Manifest:
         "manifests": entries,
         "annotations": {"org.opencontainers.image.ref.name": tag},
     }
-    return Manifest.of(json.dumps(document, sort_keys=True, separators=(",", ":")).encode(), OCI_INDEX)
+    return Manifest.of(archive.canonical_json(document), OCI_INDEX)
 
 
 def push_indexes(registry: Registry, grid: Matrix, items: list[Publication], report: Report) -> None:

@@ -18,6 +18,16 @@ class Platform:
     def architecture(self) -> str:
         return self.name.split("/")[1]
 
+    @property
+    def suffix(self) -> str:
+        """What names of this platform's things add to the default platform's: "" or "-arm64"."""
+        return "" if self.name == DEFAULT else f"-{self.debian}"
+
+    @property
+    def qemu(self) -> str:
+        """qemu-user-static's binfmt entry for this architecture (qemu-aarch64)."""
+        return f"qemu-{self.wheel}"
+
 
 PLATFORMS = {
     p.name: p
@@ -32,6 +42,10 @@ NAMES = tuple(PLATFORMS)
 
 def of(name: str) -> Platform:
     return PLATFORMS[name]
+
+
+def of_debian(arch: str) -> Platform | None:
+    return next((p for p in PLATFORMS.values() if p.debian == arch), None)
 
 
 def of_wheel(wheel_arch: str) -> Platform | None:
