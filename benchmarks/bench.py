@@ -44,7 +44,7 @@ from rich.console import Console
 from rich.table import Table
 
 from builder.build import backends, build, context, size, smoke, wheelchoice, wheelhouse, wheelserver
-from builder.engine import bases, daemon, emulation
+from builder.engine import daemon, emulation
 from builder.lock import inputs
 from builder.lock import requirements as lock
 from builder.plan import matrix
@@ -105,7 +105,7 @@ def bench_noop_rebuild(grid: matrix.Matrix, cell: Cell, results: list[build.Buil
     if cli is None:
         return Row("no-op rebuild", "-", "no docker CLI with the classic builder", None, target, None)
     builder_s = min(_seconds(lambda: build.build_cell(client, grid, cell, house, lambda _: None)) for _ in range(3))
-    base_ref = bases.ensure(client, cell.base, grid.spec.source_date_epoch, lambda _: None)
+    base_ref = build.cell_base(client, grid, cell, lambda _: None)
     context_bytes = context.context_tar(cell, grid.spec.source_date_epoch).getvalue()
     reference = "torch-images/bench:noop"
     command = [
@@ -183,9 +183,8 @@ def _cold_build(grid: matrix.Matrix, cell: Cell, reference: str, settle: bool) -
         locks = inputs.read(cell, grid)
         for path, text in render.rendered(locks, grid, settle=settle).items():
             (variant.directory / path.name).write_text(text)
-        house.prepare(cell, grid, locks.python_locks)
-        house.publish_files(served.SUPPORT_FILES)
-        base_ref = bases.ensure(client, cell.base, epoch, lambda _: None)
+        build.offer_inputs(house, grid, locks)
+        base_ref = build.cell_base(client, grid, cell, lambda _: None, house)
         started = time.perf_counter()
         with wheelserver.serve(house, grid.spec.wheelhouse.listen):
             error = backends.classic_build(
@@ -247,7 +246,7 @@ def bench_arm64(results: list[build.BuildResult]) -> list[Row]:
     grid = matrix.load_matrix(ARM64_MATRIX)
     cell = next(c for c in grid.cells if c.platform == "linux/arm64")
     client = daemon.client()
-    bases.ensure(client, cell.base, grid.spec.source_date_epoch, lambda _: None)  # a bootstrap is not the build
+    build.cell_base(client, grid, cell, lambda _: None)  # a bootstrap is not the build
     built = build.build_cell(client, grid, cell, wheelhouse.Wheelhouse(), lambda _: None, no_cache=True)
     results.append(built)
     target = "< 1200 s"
@@ -316,7 +315,7 @@ def bench_size(grid: matrix.Matrix, results: list[build.BuildResult], push_pull:
     build.discard_intermediates(client, results)  # they hold the same layers: a pull would skip them
     if not push_pull:
         return rows
-    return rows + _push_and_pull(client, shipped.reference, cell.base.local_tag)
+    return rows + _push_and_pull(client, shipped.reference, build.cell_base(client, grid, cell, lambda _: None))
 
 
 def _naive_size(grid: matrix.Matrix, cell: Cell) -> int:
@@ -325,7 +324,7 @@ def _naive_size(grid: matrix.Matrix, cell: Cell) -> int:
     locks = inputs.read(cell, grid)
     assert locks.stack is not None
     house.prepare(cell, grid, locks.python_locks)
-    base_reference = bases.ensure(client, cell.base, grid.spec.source_date_epoch, lambda _: None)
+    base_reference = build.cell_base(client, grid, cell, lambda _: None, house)
     reference = "torch-images/bench:naive"
     listen = grid.spec.wheelhouse.listen
     try:

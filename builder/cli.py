@@ -27,6 +27,7 @@ from builder.plan.cell import Cell
 from builder.publish import existing, publish, staging
 from builder.publish.registry import Registry
 from builder.render import ci, render
+from builder.repro import bundle, recorded
 from builder.spec import grammar, schema
 
 console = Console(stderr=True)
@@ -95,14 +96,16 @@ def cmd_lock(args: argparse.Namespace) -> int:
         for problem in problems:
             print(problem)
         return 1 if problems else 0
-    return _lock(grid, cells, args.jobs, args.python_only)
+    if args.debian_only and args.python_only:
+        raise UserError("--debian-only and --python-only exclude each other; give one")
+    return _lock(grid, cells, args.jobs, args.python_only, args.debian_only)
 
 
-def _lock(grid: matrix.Matrix, cells: list[Cell], jobs: int, python_only: bool) -> int:
+def _lock(grid: matrix.Matrix, cells: list[Cell], jobs: int, python_only: bool, debian_only: bool = False) -> int:
     failures = []
-    locked = []
+    locked = list(cells) if debian_only else []
     with progress(f"locking {len(cells)} cells, {jobs} at a time") as report:
-        for cell, outcome in lock.lock_cells(cells, grid, jobs):
+        for cell, outcome in [] if debian_only else lock.lock_cells(cells, grid, jobs):
             if isinstance(outcome, UserError):  # one cell that cannot resolve must not stop the others
                 failures.append(outcome.line())
             else:
@@ -159,12 +162,21 @@ def cmd_engine(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    grid = _matrix(args)
-    cells = _cells(args, grid)
+    if args.bundle and not args.offline:
+        raise UserError("--bundle is for offline rebuilds; give --offline too (`build --offline --bundle DIR CELL`)")
+
+    def say(text: str) -> None:
+        console.print(text, highlight=False)
+
+    opened = bundle.open_bundle(args.bundle, say) if args.bundle else None
+    grid = matrix.load_matrix(opened.matrix) if opened else _matrix(args)
+    cells = _cells(args, grid) if args.cells or args.all or not opened else [grid.cell(opened.cell)]
     for cell in cells:  # every cell checked before the first byte reaches the engine
         build.preflight(cell, grid)
     client = daemon.client()
-    house = wheelhouse.Wheelhouse()
+    house = wheelhouse.Wheelhouse(offline=args.offline)
+    if opened:
+        say(f"{opened.root}: {bundle.import_cache(opened, house)} files copied into the cache {house.root}")
     results: list[build.BuildResult] = []
     _use_registry_option(grid, args)
     registry = _registry(grid, args) if args.skip_existing else None
@@ -184,7 +196,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     for r in results:
         table.add_row(r.cell, r.reference, r.image_id[7:19], size.human(r.size_bytes), f"{r.seconds:.0f} s", r.status)
     Console(width=200).print(table)
-    return 0 if all(not r.status.startswith("failed") for r in results) else 1
+    # An offline rebuild is a reproduction: an image other than the recorded one fails it.
+    differs = args.offline and any(r.recorded is False for r in results)
+    return 0 if all(not r.status.startswith("failed") for r in results) and not differs else 1
 
 
 def _use_registry_option(grid: matrix.Matrix, args: argparse.Namespace) -> None:
@@ -212,6 +226,11 @@ def _build_and_test(
         result = build.build_cell(
             client, grid, cell, house, report, args.no_cache, not args.no_normalize, args.backend, published=published
         )
+        if result.status in ("built", "unchanged") and (args.backend, not args.no_normalize) == recorded.RECORDED_PATH:
+            result.recorded, said = recorded.compare(cell, result.image_id)
+            report(f"{cell.name}: {said}")
+            if result.recorded is not None:
+                result.status += ", recorded ID" if result.recorded else ", NOT the recorded ID"
         if result.layers:
             report(f"{cell.name}: layers " + ", ".join(size.human(b) for _, b in result.layers))
         if result.status in ("built", "unchanged") and not args.no_smoke:
@@ -344,8 +363,11 @@ def cmd_verify_repro(args: argparse.Namespace) -> int:
     grid = _matrix(args)
     client = daemon.client()
     house = wheelhouse.Wheelhouse()
+    cells = _cells(args, grid)
+    if args.once:
+        return _verify_against_recorded(client, grid, cells, house)
     failed = 0
-    for cell in _cells(args, grid):
+    for cell in cells:
         verdict = twice.build_twice(client, grid, cell, house, progress)
         table = Table(title=f"{cell.name}: {'reproducible' if verdict.reproducible else 'NOT reproducible'}")
         for column in ("layer", "build 1", "build 2", "same"):
@@ -357,7 +379,46 @@ def cmd_verify_repro(args: argparse.Namespace) -> int:
         for index, paths in verdict.differences.items():
             console.print(f"layer {index} differs in: {', '.join(paths)}")
         failed += not verdict.reproducible
+        same, said = recorded.compare(cell, verdict.first_id)
+        if args.record and verdict.reproducible:
+            console.print(f"{cell.name}: recorded {verdict.first_id[7:19]} in {recorded.write(cell, verdict.first_id)}")
+        elif same is not None:
+            console.print(f"{cell.name}: {said}")
+            failed += not same
     return 1 if failed else 0
+
+
+def _verify_against_recorded(
+    client: docker.DockerClient, grid: matrix.Matrix, cells: list[Cell], house: wheelhouse.Wheelhouse
+) -> int:
+    """One build without cache per cell, compared with its recorded image ID."""
+    failed = 0
+    for cell in cells:
+        if recorded.read(cell) is None:
+            raise UserError(
+                f"{cell.name} has no recorded image ID ({recorded.path(cell)}); record one with "
+                f"`python -m builder verify-repro --record {cell.name}`"
+            )
+        image_id = twice.build_once(client, grid, cell, house, progress)
+        same, said = recorded.compare(cell, image_id)
+        console.print(f"{cell.name}: built {image_id[7:19]}: {said}")
+        failed += not same
+    return 1 if failed else 0
+
+
+def cmd_bundle(args: argparse.Namespace) -> int:
+    grid = _matrix(args)
+    cell = grid.cell(args.cell)
+    started = time.monotonic()
+    with progress(f"{cell.name}: bundling into {args.output}") as report:
+        made = bundle.gather(grid, cell, args.output, wheelhouse.Wheelhouse(report=report), report)
+    total = sum((made.root / name).stat().st_size for name in made.files)
+    console.print(
+        f"{cell.name}: bundled {len(made.files)} files ({size.human(total)}) into {made.root} in "
+        f"{time.monotonic() - started:.0f} s; rebuild with "
+        f"`python -m builder build --offline --bundle {made.root}`"
+    )
+    return 0
 
 
 NEEDS_NOTHING = "Offline; needs no engine."
@@ -400,6 +461,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lock_cmd.add_argument("--jobs", type=int, default=4, help="cells resolved at once (default: 4)")
     lock_cmd.add_argument("--python-only", action="store_true", help="skip the Debian pins (then no engine is needed)")
+    lock_cmd.add_argument(
+        "--debian-only",
+        action="store_true",
+        help="pin only the Debian packages, keeping the Python locks as they are (after a distro point release)",
+    )
     lock_cmd.set_defaults(func=cmd_lock)
 
     render_cmd = command(
@@ -447,6 +513,18 @@ def build_parser() -> argparse.ArgumentParser:
         default="sdk",
         help="sdk (default): the engine's classic builder through the Docker SDK, works with any engine; "
         "buildkit: BuildKit through a docker CLI that offers it (Debian's docker.io 20.10 CLI, or one with buildx)",
+    )
+    build_cmd.add_argument(
+        "--offline",
+        action="store_true",
+        help="download nothing: every wheel and .deb must be in the cache (or the bundle); no index, mirror, registry",
+    )
+    build_cmd.add_argument(
+        "--bundle",
+        type=Path,
+        metavar="DIR",
+        help="with --offline: rebuild the bundle's cell from the bundle alone (its files are checked against its "
+        "manifest first); fails unless the image is the recorded image ID, where one is recorded",
     )
     build_cmd.set_defaults(func=cmd_build)
 
@@ -496,7 +574,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     repro_cmd.add_argument("cells", nargs="*", help="cells to verify (default: the flagship)")
     repro_cmd.add_argument("--all", action="store_true", help="every buildable cell (hours)")
+    repro_modes = repro_cmd.add_mutually_exclusive_group()
+    repro_modes.add_argument(
+        "--record",
+        action="store_true",
+        help="when the two builds agree, write the image ID to images/<cell>/image-id (commit it: later builds, "
+        "here or on another machine, are compared with it)",
+    )
+    repro_modes.add_argument(
+        "--once",
+        action="store_true",
+        help="build once without cache and compare with the recorded image ID (another machine's build is evidence)",
+    )
     repro_cmd.set_defaults(func=cmd_verify_repro)
+
+    bundle_cmd = command(
+        "bundle",
+        "gather everything one cell's rebuild needs into a folder: matrix, locks, templates, self-test, wheels, "
+        ".debs, with a manifest of sha256s",
+        "Reads the cache (fetching what is missing: the index and the mirror when online). No engine needed. "
+        "Rebuild with `build --offline --bundle DIR`, with no index, mirror or registry.",
+    )
+    bundle_cmd.add_argument("cell", help="the cell to bundle")
+    bundle_cmd.add_argument("--output", required=True, type=Path, help="a new or empty folder")
+    bundle_cmd.set_defaults(func=cmd_bundle)
 
     size_cmd = command(
         "size",

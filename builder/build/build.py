@@ -18,7 +18,7 @@ import docker.errors
 import docker.models.images
 
 from builder import times
-from builder.build import backends, size, wheelhouse, wheelserver
+from builder.build import aptrepo, backends, size, wheelhouse, wheelserver
 from builder.build.backends import BuildRequest
 from builder.build.context import build_id
 from builder.engine import bases, emulation
@@ -48,6 +48,7 @@ class BuildResult:
     build_id: str = ""
     intermediate: str = ""  # the engine's image before normalization, when it differs from the result
     layers: list[tuple[str, int]] = field(default_factory=list)  # (step, bytes) of each layer, bottom first
+    recorded: bool | None = None  # whether the image is images/<cell>/image-id (None: none recorded)
 
 
 def local_reference(grid: Matrix, cell: Cell) -> str:
@@ -81,11 +82,52 @@ def _existing_build(
     return image
 
 
+def offer_inputs(house: wheelhouse.Wheelhouse, grid: Matrix, locks: CellLocks) -> None:
+    """Fetch and verify everything the cell's RUN steps read, and let the wheelhouse server offer
+    it: the wheels and their pages, the helper scripts, the apt repositories of its .debs."""
+    house.prepare(locks.cell, grid, locks.python_locks)
+    house.publish_files(served.SUPPORT_FILES)
+    assert locks.debian is not None  # preflight refuses a cell without its debian.lock
+    for packages in (locks.debian.common, locks.debian.flavor):
+        aptrepo.publish(house, locks.cell.base, locks.debian.files_of(packages))
+
+
+def cell_base(
+    engine: docker.DockerClient,
+    grid: Matrix,
+    cell: Cell,
+    report: Report = print,
+    house: wheelhouse.Wheelhouse | None = None,
+) -> str:
+    """The engine's tag of the base the cell builds on: bootstrapped from debian.lock's `base`
+    packages (fetched into the cache, or already there) when the engine lacks it."""
+    pins = preflight(cell, grid).debian
+    assert pins is not None  # preflight refuses a cell without its debian.lock
+    files = pins.files_of(pins.base)
+    where = served.apt_repository(files)
+    key = where.rstrip("/").rsplit("/", 1)[-1]
+    found = bases.present_locked(engine, cell.base, key)
+    if found is not None:
+        return found
+    house = house or wheelhouse.Wheelhouse(report=report)
+    report(f"{cell.base.name}: fetching and verifying its {len(files)} locked packages")
+    aptrepo.publish(house, cell.base, files)
+    with wheelserver.serve(house, grid.spec.wheelhouse.listen) as url:
+        names = tuple(pin.split("=", 1)[0] for pin in pins.base)
+        packages = bases.LockedPackages(names, aptrepo.sources_line(url, where), key)
+        return bases.bootstrap_locked(engine, cell.base, packages, grid.spec.source_date_epoch, report)
+
+
 def cell_build_id(
-    engine: docker.DockerClient, grid: Matrix, cell: Cell, backend: str = "sdk", report: Report = print
+    engine: docker.DockerClient,
+    grid: Matrix,
+    cell: Cell,
+    backend: str = "sdk",
+    report: Report = print,
+    house: wheelhouse.Wheelhouse | None = None,
 ) -> tuple[str, str]:
     """The base the cell builds on (obtained if missing) and the cell's build ID, without building."""
-    base_reference = bases.ensure(engine, cell.base, grid.spec.source_date_epoch, report)
+    base_reference = cell_base(engine, grid, cell, report, house)
     return base_reference, build_id(cell, engine.images.get(base_reference).id, backend)
 
 
@@ -110,7 +152,7 @@ def build_cell(
     result = BuildResult(cell.name, reference)
     started = time.monotonic()
     locks = preflight(cell, grid)
-    base_reference, result.build_id = cell_build_id(engine, grid, cell, backend, report)
+    base_reference, result.build_id = cell_build_id(engine, grid, cell, backend, report, house)
     if published is not None and published(result.build_id):
         report(f"{cell.name}: build ID {result.build_id[:12]} is already in the registry; not built")
         result.status, result.seconds = "in registry", time.monotonic() - started
@@ -125,8 +167,7 @@ def build_cell(
     emulation.ensure(cell.base.arch, report)  # another architecture's RUN steps run under qemu
     report(f"{cell.name}: fetching and verifying wheels")
     house.report = report
-    house.prepare(cell, grid, locks.python_locks)
-    house.publish_files(served.SUPPORT_FILES)
+    offer_inputs(house, grid, locks)
     labels = {BUILD_ID_LABEL: result.build_id}
     epoch = grid.spec.source_date_epoch
     request = BuildRequest(cell, reference, base_reference, epoch, no_cache, labels)

@@ -17,17 +17,20 @@ from builder.repro.verify import Verdict, compare
 Progress = Callable[[str], AbstractContextManager[Callable[[str], None]]]
 
 
+def build_once(engine: docker.DockerClient, grid: Matrix, cell: Cell, house: Wheelhouse, progress: Progress) -> str:
+    """Build the cell without cache (its intermediate steps removed after); returns the image ID."""
+    with progress(f"{cell.name}: building without cache") as report:
+        result = build.build_cell(engine, grid, cell, house, report, no_cache=True)
+    build.discard_intermediates(engine, [result])
+    if result.status != "built":
+        raise UserError(f"{cell.name}: the build failed: {result.detail}")
+    return result.image_id
+
+
 def build_twice(
     engine: docker.DockerClient, grid: Matrix, cell: Cell, house: Wheelhouse, progress: Progress
 ) -> Verdict:
     """Build the cell twice without cache (each build's intermediate steps removed before the
     next, so the second reuses nothing) and compare the two images."""
-    ids = []
-    for attempt in (1, 2):
-        with progress(f"{cell.name}: build {attempt} of 2, without cache") as report:
-            result = build.build_cell(engine, grid, cell, house, report, no_cache=True)
-        build.discard_intermediates(engine, [result])
-        if result.status != "built":
-            raise UserError(f"{cell.name}: build {attempt} failed: {result.detail}")
-        ids.append(result.image_id)
+    ids = [build_once(engine, grid, cell, house, progress) for _ in (1, 2)]
     return compare(engine, cell.name, ids[0], ids[1])

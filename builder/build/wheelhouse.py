@@ -49,8 +49,9 @@ def default_root() -> Path:
 
 
 class Wheelhouse:
-    def __init__(self, root: Path | None = None, report: Report | None = None) -> None:
+    def __init__(self, root: Path | None = None, report: Report | None = None, offline: bool = False) -> None:
         self.root = root or default_root()
+        self.offline = offline  # never download: every file must be in the cache already (`build --offline`)
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / MARKER).write_text(str(self.root.resolve()))
         self.bytes_downloaded = 0
@@ -77,6 +78,11 @@ class Wheelhouse:
         with FileLock(str(target) + ".lock"):
             if self.intact(target, ref.sha256):  # another build fetched it while we waited
                 return target
+            if self.offline:
+                raise UserError(
+                    f"{ref.filename} (sha256 {ref.sha256[:12]}) is not in the cache and the build is offline; "
+                    "build from a bundle that holds it (`bundle`, then `build --offline --bundle DIR`), or build online"
+                )
             with tempfile.NamedTemporaryFile(dir=target.parent, delete=False, prefix=".part-") as part:
                 temporary = Path(part.name)
                 try:
@@ -175,12 +181,12 @@ class Wheelhouse:
         """Serve build inputs that are not wheels (helper scripts) under their content's name."""
         for path in paths:
             where = served.support_file(path).path
-            self._place(path.read_bytes(), self.root / where)
+            self.place(path.read_bytes(), self.root / where)
             self.allow([where])
 
     def _publish_lock(self, lock: Lockfile) -> None:
         """The lock itself beside its page: RUN steps fetch it from there."""
-        self._place(lock.text.encode(), self.root / served.lock_page(lock) / lock.path.name)  # as read, not again
+        self.place(lock.text.encode(), self.root / served.lock_page(lock) / lock.path.name)  # as read, not again
         self.allow([served.lock_page(lock) + lock.path.name])
 
     def allow(self, paths: Iterable[str]) -> None:
@@ -202,7 +208,7 @@ class Wheelhouse:
         return path in self._served
 
     @staticmethod
-    def _place(content: bytes, target: Path) -> None:
+    def place(content: bytes, target: Path) -> None:
         if target.exists() and target.read_bytes() == content:
             return
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -225,6 +231,12 @@ class Wheelhouse:
                 self.allow([served.lock_page(lock) + "index.html", *(path for path, _ in cached)])
                 files += [self.root / path for path, _ in cached]
                 continue
+            if self.offline:
+                raise UserError(
+                    "the wheels this lock names are not all in the cache and the build is offline; build from a "
+                    "bundle that holds them (`bundle`, then `build --offline --bundle DIR`), or build online",
+                    lock.path,
+                )
             try:
                 refs = wheelchoice.choose(cell, grid, lock)
             except OSError as error:

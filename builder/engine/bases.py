@@ -1,4 +1,9 @@
-"""Base images: a local image if present, else a pull by digest, else a bootstrap.
+"""Base images.
+
+A build's base is bootstrapped from the cell's locked packages (debian.lock's `base`), from the
+wheelhouse server's local repository: bootstrap_locked, tagged by the package set. `lock`
+itself, which finds those packages, starts from `ensure`: a local image if present, else a pull
+by digest, else a bootstrap from the mirror.
 
 The bootstrap runs mmdebstrap (or debootstrap) against the distro's package mirror with
 SOURCE_DATE_EPOCH set, then loads the root filesystem as a one-layer image whose config
@@ -14,6 +19,7 @@ import subprocess
 import tempfile
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import docker
@@ -49,6 +55,83 @@ def ensure(engine: docker.DockerClient, base: BaseImage, epoch: int, report: Rep
     return base.local_tag
 
 
+@dataclass(frozen=True)
+class LockedPackages:
+    """The base's locked package set, as a repository the wheelhouse server offers."""
+
+    names: tuple[str, ...]  # every package the base holds
+    sources_line: str  # "deb [trusted=yes] http://127.0.0.1:8741/ apt/<key>/"
+    key: str  # names the set: the base image's engine tag ends with it
+
+
+def locked_tag(base: BaseImage, key: str) -> str:
+    """The engine tag of a base bootstrapped from a locked package set: one per set."""
+    return f"{base.local_tag}-{key}"
+
+
+def present_locked(engine: docker.DockerClient, base: BaseImage, key: str) -> str | None:
+    tag = locked_tag(base, key)
+    return tag if _present(engine, tag, base.arch) else None
+
+
+def bootstrap_locked(
+    engine: docker.DockerClient, base: BaseImage, packages: LockedPackages, epoch: int, report: Report = print
+) -> str:
+    """Bootstrap the base from exactly its locked packages, from the local repository (never the
+    mirror), and load it as locked_tag; returns that tag. Two machines with the same lock get
+    the same image."""
+    tag = locked_tag(base, packages.key)
+    with tempfile.TemporaryDirectory(prefix="torch-images-base-") as scratch:
+        rootfs = Path(scratch, "rootfs.tar")
+        emulation.ensure(base.arch, report)
+        report(f"bootstrapping {base.distro} {base.suite} ({base.arch}) from its {len(packages.names)} locked packages")
+        _run_locked_bootstrap(base, packages, epoch, rootfs)
+        _load_rootfs(engine, base, epoch, rootfs, tag)
+    report(f"loaded {tag}")
+    return tag
+
+
+def _run_locked_bootstrap(base: BaseImage, packages: LockedPackages, epoch: int, rootfs: Path) -> None:
+    if base.bootstrap_tool != "mmdebstrap" or shutil.which("mmdebstrap") is None:
+        raise UserError(
+            f"base {base.name}: bootstrapping from locked packages needs mmdebstrap (apt-get install mmdebstrap)"
+        )
+    # The image keeps the distro's own sources (apt in the image and in images built FROM it
+    # reaches the mirror), not the local repository's; and no keyring copied from the host
+    # (mmdebstrap copies the host's), only those the locked packages install.
+    mirror_lines = " ".join(
+        f"'deb {base.mirror} {suite} {' '.join(base.components)}'" for suite in (base.suite, *base.extra_suites)
+    )
+    own_sources = f'printf "%s\\n" {mirror_lines} > "$1/etc/apt/sources.list"'
+    own_keys = (
+        'for key in "$1"/etc/apt/trusted.gpg.d/*; do [ -e "$key" ] || continue; '
+        'dpkg-query --admindir="$1/var/lib/dpkg" --search "${key#"$1"}" >/dev/null 2>&1 || rm -f "$key"; done'
+    )
+    extra = [] if base.arch == emulation.host_architecture() else [f"--architectures={base.arch}"]
+    command = [
+        "mmdebstrap", f"--variant={base.variant}", f"--mode={'root' if os.geteuid() == 0 else 'unshare'}",
+        "--format=tar", f"--include={','.join(packages.names)}", *extra,
+        f"--customize-hook={own_sources}", f"--customize-hook={own_keys}", "--quiet",
+        base.suite, str(rootfs), packages.sources_line,
+    ]  # fmt: skip
+    result = subprocess.run(
+        command, env={**os.environ, "SOURCE_DATE_EPOCH": str(epoch)}, capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise UserError(f"bootstrap of {base.suite} from its locked packages failed: {tail[0]}")
+
+
+def _load_rootfs(engine: docker.DockerClient, base: BaseImage, epoch: int, rootfs: Path, tag: str) -> str:
+    """Load a root filesystem as a one-layer image with fixed times; returns the image ID."""
+    diff_id = "sha256:" + digests.sha256_file(rootfs)
+    labels = {"base": base.name, "suite": base.suite}
+    history = [f"bootstrap {base.suite}" + ("" if base.arch == "amd64" else f" {base.arch}")]
+    config = archive.image_config([diff_id], epoch, labels, history, base.arch)
+    images = archive.load(engine, config, [(diff_id, rootfs)], tag, epoch)
+    return str(images[0].id)
+
+
 def _present(engine: docker.DockerClient, reference: str, arch: str) -> bool:
     try:
         found: str = engine.images.get(reference).attrs.get("Architecture", "")
@@ -69,12 +152,7 @@ def bootstrap(engine: docker.DockerClient, base: BaseImage, epoch: int, report: 
         emulation.ensure(base.arch, report)
         report(f"bootstrapping {base.distro} {base.suite} ({base.arch}) with {base.bootstrap_tool}")
         _run_bootstrap(base, epoch, rootfs, Path(scratch))
-        diff_id = "sha256:" + digests.sha256_file(rootfs)
-        labels = {"base": base.name, "suite": base.suite}
-        history = [f"bootstrap {base.suite}" + ("" if base.arch == "amd64" else f" {base.arch}")]
-        config = archive.image_config([diff_id], epoch, labels, history, base.arch)
-        images = archive.load(engine, config, [(diff_id, rootfs)], base.local_tag, epoch)
-    image_id: str = images[0].id
+        image_id = _load_rootfs(engine, base, epoch, rootfs, base.local_tag)
     report(f"loaded {base.local_tag} ({image_id[:19]})")
     return image_id
 

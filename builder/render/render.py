@@ -116,6 +116,8 @@ def context(locks: CellLocks, grid: Matrix, settle: bool = True) -> dict[str, An
         "system_packages": table.common_system(cell.python),
         "debian_common": debian.common,
         "debian_flavor": debian.flavor,
+        "debian_common_repository": served.apt_repository(debian.files_of(debian.common)),
+        "debian_flavor_repository": served.apt_repository(debian.files_of(debian.flavor)),
         "flavor_system_packages": table.flavors[cell.flavor].system,
         "stack_lock": served.lock_ref(stack),
         "stack_groups": layout.load().split(list(stack.packages)),

@@ -4,10 +4,13 @@ names each by its URL and sha256) changes with it."""
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from builder import digests, paths
+from builder.lock.aptindex import ArchiveFile
 from builder.lock.requirements import Lockfile
 
 # Helper scripts that RUN steps fetch from the wheelhouse server (see partials/fetch.j2).
@@ -51,3 +54,11 @@ def lock_ref(lock: Lockfile) -> LockRef:
 
 def support_files() -> dict[str, ServedFile]:
     return {path.name: support_file(path) for path in SUPPORT_FILES}
+
+
+def apt_repository(files: Iterable[ArchiveFile]) -> str:
+    """Where the local apt repository of a set of .debs lives under the server root: a folder
+    named by the files' paths and sha256, so another set of packages gets another URL (and a
+    RUN line that names it, another layer cache key). See build/aptrepo.py."""
+    listing = "".join(sorted(f"{f.path} {f.sha256}\n" for f in files))
+    return f"apt/{hashlib.sha256(listing.encode()).hexdigest()[:16]}/"

@@ -54,6 +54,11 @@ DEBIAN_PACKAGE = Grammar(r"[a-z0-9][a-z0-9+.-]+", "a Debian package name such as
 DEBIAN_PIN = Grammar(
     r"[a-z0-9][a-z0-9+.-]+=([0-9]+:)?[0-9][A-Za-z0-9.+~-]*", "package=version, such as libc6-dev=2.36-9+deb12u14"
 )
+# A .deb's path in a Debian or Ubuntu archive, as its Packages index names it (Filename:).
+DEBIAN_POOL_PATH = Grammar(
+    r"pool/(?!.*\.\.)[A-Za-z0-9+._~-]+(/[A-Za-z0-9+._~%-]+)*\.deb",
+    "an archive path such as pool/main/g/gcc-12/gcc-12_12.2.0-14_amd64.deb",
+)
 # PEP 503 normalized names and PEP 440 public or local versions, as a lock writes them.
 PYTHON_NAME = Grammar(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", "a Python project name (PEP 508)")
 PYTHON_VERSION = Grammar(

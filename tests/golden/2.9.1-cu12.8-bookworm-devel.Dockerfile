@@ -17,7 +17,8 @@ ENV DEBIAN_FRONTEND=noninteractive \
 # python3, python3-venv, python3-dev, python3-gdbm, gcc, g++, libc6-dev, openssl, ca-certificates, python3-distutils, python3-lib2to3: a C/C++ toolchain and OpenMP (Inductor, Triton's launcher
 # stubs), Python headers, and the openssl binary Inductor uses to checksum its precompiled
 # header. Every package at the version debian.lock pins, dependencies included.
-RUN mkdir -p /tmp/apt/lists/partial /tmp/apt/cache/archives/partial \
+RUN mkdir -p /tmp/apt/lists/partial /tmp/apt/cache/archives/partial /tmp/apt/sources.list.d \
+ && echo 'deb [trusted=yes] http://127.0.0.1:8741/ apt/47a81a5a524ccc9f/' > /tmp/apt/sources.list \
  && printf '%s\n' \
       'path-exclude=/usr/share/doc/*' \
       'path-include=/usr/share/doc/*/copyright' \
@@ -32,8 +33,8 @@ RUN mkdir -p /tmp/apt/lists/partial /tmp/apt/cache/archives/partial \
       'path-exclude=/usr/lib/*-linux-gnu/libpython3*.a' \
       'path-exclude=/usr/lib/gcc/*-linux-gnu/*/lib*san.a' \
       > /etc/dpkg/dpkg.cfg.d/torch-images \
- && apt-get -o Dir::State::Lists=/tmp/apt/lists -o Dir::Cache=/tmp/apt/cache update \
- && apt-get -o Dir::State::Lists=/tmp/apt/lists -o Dir::Cache=/tmp/apt/cache \
+ && apt-get -o Dir::Etc::SourceList=/tmp/apt/sources.list -o Dir::Etc::SourceParts=/tmp/apt/sources.list.d -o Dir::State::Lists=/tmp/apt/lists -o Dir::Cache=/tmp/apt/cache update \
+ && apt-get -o Dir::Etc::SourceList=/tmp/apt/sources.list -o Dir::Etc::SourceParts=/tmp/apt/sources.list.d -o Dir::State::Lists=/tmp/apt/lists -o Dir::Cache=/tmp/apt/cache \
       install -y --no-install-recommends \
       g++=4:12.2.0-3 \
       python3=3.11.2-1+b1 \
@@ -186,9 +187,10 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
 
 # ---- flavor devel: the CUDA compiler and headers from NVIDIA's wheels, inspection tools --
 # htop, gdb, git, make, procps, less, pinned with their dependencies by debian.lock.
-RUN mkdir -p /tmp/apt/lists/partial /tmp/apt/cache/archives/partial \
- && apt-get -o Dir::State::Lists=/tmp/apt/lists -o Dir::Cache=/tmp/apt/cache update \
- && apt-get -o Dir::State::Lists=/tmp/apt/lists -o Dir::Cache=/tmp/apt/cache \
+RUN mkdir -p /tmp/apt/lists/partial /tmp/apt/cache/archives/partial /tmp/apt/sources.list.d \
+ && echo 'deb [trusted=yes] http://127.0.0.1:8741/ apt/6bd192ca0d82a0ef/' > /tmp/apt/sources.list \
+ && apt-get -o Dir::Etc::SourceList=/tmp/apt/sources.list -o Dir::Etc::SourceParts=/tmp/apt/sources.list.d -o Dir::State::Lists=/tmp/apt/lists -o Dir::Cache=/tmp/apt/cache update \
+ && apt-get -o Dir::Etc::SourceList=/tmp/apt/sources.list -o Dir::Etc::SourceParts=/tmp/apt/sources.list.d -o Dir::State::Lists=/tmp/apt/lists -o Dir::Cache=/tmp/apt/cache \
       install -y --no-install-recommends \
       htop=3.2.2-2 \
  && sh /opt/torch-images/settle-layer.sh

@@ -39,7 +39,9 @@ def test_buildkit_builds_the_cell_and_its_torch_runs(built: BuiltCell) -> None:
         assert (
             labels[build.BUILD_ID_LABEL]
             == result.build_id
-            != context.build_id(cell, built.client.images.get(cell.base.local_tag).id, "sdk")
+            != context.build_id(
+                cell, built.client.images.get(build.cell_base(built.client, grid, cell, print)).id, "sdk"
+            )
         )
     finally:
         build.remove_image(built.client, reference)

@@ -37,7 +37,7 @@ def test_a_rebuild_without_cache_gives_the_same_image_and_layers(built: BuiltCel
     assert again.status == "built", again.detail
     raw_layers = layers(built, again.image_id)
     epoch = built.grid.spec.source_date_epoch
-    keep = bases.layer_count(built.client, bases.ensure(built.client, built.cell.base, epoch, print))
+    keep = bases.layer_count(built.client, build.cell_base(built.client, built.grid, built.cell, print))
     normalized = normalize.normalize_image(built.client, again.reference, epoch, keep, print)
     verdict = verify.compare(built.client, built.cell.name, built.image_id, normalized)
     assert verdict.differences == {} and verdict.reproducible

@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
-from builder.lock import debian
+import pytest
+
+from builder.errors import UserError
+from builder.lock import aptindex, debian
+
+
+def pinned(common: tuple[str, ...], flavor: tuple[str, ...] = (), base: tuple[str, ...] = ()) -> debian.DebianLock:
+    """A lock of these pins, each with a made-up archive file (as `lock` writes one)."""
+
+    def file_of(pin: str) -> aptindex.ArchiveFile:
+        name, version = pin.split("=", 1)
+        path = f"pool/main/{name[0]}/{name}/{name}_{version.split(':')[-1]}_amd64.deb"
+        return aptindex.ArchiveFile(path, hashlib.sha256(pin.encode()).hexdigest())
+
+    return debian.DebianLock(common, flavor, base, {pin: file_of(pin) for pin in (*base, *common, *flavor)})
+
 
 SIMULATION = """Reading package lists...
 Building dependency tree...
@@ -26,7 +42,74 @@ def test_simulation_output_becomes_exact_pins_sorted() -> None:
 
 
 def test_lock_round_trips_with_its_fingerprint(tmp_path: Path) -> None:
-    lock = debian.DebianLock(("gcc-12=12.2.0-14+deb12u1",), ("htop=3.2.2-2",))
+    lock = pinned(("gcc-12=12.2.0-14+deb12u1",), ("htop=3.2.2-2",), ("libc6=2.36-9+deb12u14",))
     path = tmp_path / debian.DEBIAN_LOCK
     path.write_text(lock.text("0123456789abcdef"))
-    assert debian.DebianLock.read(path) == debian.DebianLock(lock.common, lock.flavor, "0123456789abcdef")
+    read = debian.DebianLock.read(path)
+    assert (read.base, read.common, read.flavor, read.files) == (lock.base, lock.common, lock.flavor, lock.files)
+    assert read.fingerprint == "0123456789abcdef"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "says"),
+    [
+        ("_amd64.deb ", "_amd64.deb; rm -rf / ", "is not an archive file"),
+        ("pool/main/g/gcc-12/", "pool/../../etc/", "is not an archive file"),
+        ("deb12u1_amd64.deb ", "deb12u1_amd64.deb 0x", "is not an archive file"),
+    ],
+)
+def test_a_lock_file_entry_that_is_not_a_pool_path_and_sha256_is_refused_with_its_line(
+    tmp_path: Path, old: str, new: str, says: str
+) -> None:
+    path = tmp_path / debian.DEBIAN_LOCK
+    text = pinned(("gcc-12=12.2.0-14+deb12u1",)).text("0123456789abcdef")
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+    with pytest.raises(UserError, match=says) as refused:
+        debian.DebianLock.read(path)
+    assert refused.value.line().startswith(f"{path}:")
+
+
+def test_a_pin_without_its_file_is_refused(tmp_path: Path) -> None:
+    lock = pinned(("gcc-12=12.2.0-14+deb12u1",))
+    without = debian.DebianLock(("gcc-12=12.2.0-14+deb12u1", "htop=3.2.2-2"), (), (), lock.files)
+    path = tmp_path / debian.DEBIAN_LOCK
+    path.write_text(without.text("0123456789abcdef"))
+    with pytest.raises(UserError, match=r'htop=3\.2\.2-2 has no entry in "files"'):
+        debian.DebianLock.read(path)
+
+
+RELEASE = """Origin: Debian
+Suite: stable
+SHA256:
+ 515e692f2c4121c6fcec444ef100cc18f79a991910615f3a88c8b7becfc94d2f 50060337 main/binary-amd64/Packages
+ 9e0b5aabb2465b3d2e7a7fe27f9913846277833f7a2826e7767acccff5b588c5  8790396 main/binary-amd64/Packages.xz
+"""
+PACKAGES = """Package: gcc-12
+Version: 12.2.0-14+deb12u1
+Architecture: amd64
+Filename: pool/main/g/gcc-12/gcc-12_12.2.0-14+deb12u1_amd64.deb
+SHA256: 1111111111111111111111111111111111111111111111111111111111111111
+
+Package: htop
+Version: 3.2.2-2
+Architecture: amd64
+Filename: pool/main/h/htop/htop_3.2.2-2_amd64.deb
+SHA256: 2222222222222222222222222222222222222222222222222222222222222222
+"""
+
+
+def test_the_signed_release_names_each_index_file_by_sha256() -> None:
+    assert (
+        aptindex.listed_sha256(RELEASE, "main/binary-amd64/Packages.xz")
+        == "9e0b5aab" + RELEASE.split("9e0b5aab")[1][:56]
+    )
+    assert aptindex.listed_sha256(RELEASE, "contrib/binary-amd64/Packages.xz") is None
+
+
+def test_each_pin_is_found_in_the_packages_index_or_the_lock_says_to_lock_again() -> None:
+    index = aptindex.parse_packages(PACKAGES)
+    assert index["htop=3.2.2-2"] == aptindex.ArchiveFile("pool/main/h/htop/htop_3.2.2-2_amd64.deb", "2" * 64)
+    base = type("Base", (), {"mirror": "http://deb.debian.org/debian", "suite": "bookworm", "arch": "amd64"})()
+    with pytest.raises(UserError, match=r"htop=3.2.2-3 is not in http://deb.debian.org/debian bookworm \(amd64\)"):
+        aptindex.files_of(index, ["htop=3.2.2-3"], base)  # type: ignore[arg-type]

@@ -140,7 +140,7 @@ def test_a_tag_longer_than_the_registry_allows_is_refused(project: Project, caps
     [
         ("registry", "registry: 127.0.0.1:5000", 'registry: "127.0.0.1:5000/$(id)"'),
         ("repository", "repository: torch", 'repository: "torch\\"; RUN x"'),
-        ("mirror", 'mirror: "http://deb.debian.org/debian"}', 'mirror: "http://deb.debian.org/debian $(id)"}'),
+        ("mirror", 'mirror: "http://deb.debian.org/debian",', 'mirror: "http://deb.debian.org/debian $(id)",'),
         ("images", "repository: torch", "repository: torch\nimages: ../outside"),
     ],
 )
@@ -175,7 +175,9 @@ def test_a_debian_lock_that_is_not_the_json_lock_writes_is_refused(
     project: Project, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = project.cell() / "debian.lock"
-    path.write_text(path.read_text().partition("\n")[0] + '\n{"common": "gcc=1", "flavor": []}\n')
+    path.write_text(
+        path.read_text().partition("\n")[0] + '\n{"base": [], "common": "gcc=1", "flavor": [], "files": {}}\n'
+    )
     code, output = run(project, capsys, "lock", "--check")
     assert_one_line_error(code, output, '"common" must be a list')
 

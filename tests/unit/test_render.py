@@ -13,11 +13,12 @@ from builder.lock import debian, inputs
 from builder.lock import requirements as lock
 from builder.plan.matrix import Matrix, load_matrix
 from builder.render import render
+from tests.unit.test_debs import pinned
 from tests.unit.test_lock import LOCK_TEXT
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 NUMPY = "numpy==2.4.6 --hash=sha256:" + "c" * 64 + "\n"
-DEBIAN = debian.DebianLock(("g++=4:12.2.0-3", "python3=3.11.2-1+b1"), ("htop=3.2.2-2",))
+DEBIAN = pinned(("g++=4:12.2.0-3", "python3=3.11.2-1+b1"), ("htop=3.2.2-2",))
 
 
 @pytest.fixture
@@ -89,7 +90,7 @@ def test_trtllm_flavor_renders_its_system_packages_lock_and_cuda_home(matrix_fil
     cell.directory.mkdir(parents=True)
     (cell.directory / lock.STACK_LOCK).write_text(LOCK_TEXT.replace("torch==2.9.1", "torch==2.7.1"))
     (cell.directory / debian.DEBIAN_LOCK).write_text(
-        debian.DebianLock(("gcc=4:12.2.0-3",), ("openmpi-bin=4.1.4-3+b1",)).text(debian.fingerprint(cell))
+        pinned(("gcc=4:12.2.0-3",), ("openmpi-bin=4.1.4-3+b1",)).text(debian.fingerprint(cell))
     )
     (cell.directory / lock.FLAVOR_LOCK).write_text("tensorrt-llm==1.0.0 --hash=sha256:" + "e" * 64 + "\n")
     dockerfile = render.rendered(inputs.read(cell, grid), grid)[cell.directory / "Dockerfile"]

@@ -23,8 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.build import smoke
-from builder.engine import bases
+from builder.build import build, smoke
 from builder.lock import requirements as lock
 from tests import image_checks
 from tests.integration.conftest import BuiltCell, smoke_of
@@ -288,7 +287,7 @@ def test_the_layer_search_finds_a_certificate_a_later_layer_deleted(built: Built
          "-out", str(tmp_path / "planted.pem"), "-days", "1", "-subj", "/CN=planted"],
         check=True, capture_output=True,
     )  # fmt: skip
-    base_reference = bases.ensure(built.client, built.cell.base, built.grid.spec.source_date_epoch, print)
+    base_reference = build.cell_base(built.client, built.grid, built.cell, print)
     (tmp_path / "Dockerfile").write_text(
         f"FROM {base_reference}\nCOPY planted.pem /etc/ssl/planted.pem\nRUN rm /etc/ssl/planted.pem\n"
     )

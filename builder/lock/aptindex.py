@@ -1,0 +1,140 @@
+"""Where each locked Debian package lives in its archive, and its sha256, from the archive's
+signed index.
+
+`lock` pins `package=version`; to keep a package like a wheel (fetched once, checked, served
+from the cache, still there when the mirror has moved on) it also needs the file's path in the
+archive and its sha256. Both come from the suite's Packages index, which is checked against the
+SHA256 the suite's InRelease lists, whose signature gpgv checks against the archive's keyring
+(Debian's from the host's debian-archive-keyring, Ubuntu's from the base's pinned keyring
+package). Indexes are cached by their sha256, so locking many cells of one base reads each once.
+"""
+
+from __future__ import annotations
+
+import io
+import lzma
+import shutil
+import subprocess
+import tempfile
+import urllib.request
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from debian import deb822
+
+from builder import digests, paths
+from builder.engine import bases
+from builder.errors import UserError
+from builder.plan.cell import BaseImage
+
+DEBIAN_KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
+
+
+@dataclass(frozen=True)
+class ArchiveFile:
+    path: str  # under the mirror's root: pool/main/g/gcc-12/gcc-12_12.2.0-14_amd64.deb
+    sha256: str
+
+
+Index = dict[str, ArchiveFile]  # "package=version" -> its file
+
+
+def _download(url: str, target: Path) -> None:
+    try:
+        with urllib.request.urlopen(url, timeout=120) as response, target.open("wb") as sink:
+            shutil.copyfileobj(response, sink, 1 << 20)
+    except OSError as error:
+        raise UserError(f"could not fetch {url} ({getattr(error, 'reason', error)}); check the base's mirror") from None
+
+
+def _keyring(base: BaseImage, scratch: Path) -> Path:
+    if base.keyring is not None:
+        return bases.keyring_file(base.keyring, scratch)
+    if not DEBIAN_KEYRING.is_file():
+        raise UserError(
+            f"{DEBIAN_KEYRING} is missing: apt-get install debian-archive-keyring, or give base {base.name} a keyring"
+        )
+    return DEBIAN_KEYRING
+
+
+def signed_release(base: BaseImage, suite: str, scratch: Path) -> str:
+    """The suite's Release text, after gpgv checked InRelease's signature."""
+    signed = scratch / f"{suite}.InRelease"
+    _download(f"{base.mirror}/dists/{suite}/InRelease", signed)
+    keyring = _keyring(base, scratch)
+    result = subprocess.run(
+        ["gpgv", "--keyring", str(keyring), "--output", "-", str(signed)], capture_output=True, check=False
+    )
+    if result.returncode != 0:
+        raise UserError(f"{base.mirror}/dists/{suite}/InRelease: its signature does not verify with {keyring}")
+    return result.stdout.decode()
+
+
+def listed_sha256(release: str, name: str) -> str | None:
+    """The sha256 a Release file lists for one of its index files (main/binary-amd64/Packages.xz)."""
+    section = release.split("\nSHA256:\n", 1)[-1]
+    for line in section.splitlines():
+        if not line.startswith(" "):
+            break
+        fields = line.split()
+        if len(fields) == 3 and fields[2] == name:
+            return fields[0]
+    return None
+
+
+def _packages_file(base: BaseImage, suite: str, component: str, release: str) -> Path:
+    """The component's Packages.xz for the base's architecture, from the cache or the mirror,
+    checked against the sha256 the signed Release lists."""
+    name = f"{component}/binary-{base.arch}/Packages.xz"
+    expected = listed_sha256(release, name)
+    if expected is None:
+        raise UserError(f"{base.mirror} {suite} lists no {name}; check the base's suite, components and platform")
+    cached = paths.cache_dir("apt-indexes") / expected / "Packages.xz"
+    if cached.is_file() and digests.sha256_file(cached) == expected:
+        return cached
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=cached.parent, delete=False, prefix=".part-") as part:
+        partial = Path(part.name)
+    _download(f"{base.mirror}/dists/{suite}/{name}", partial)
+    actual = digests.sha256_file(partial)
+    if actual != expected:
+        partial.unlink()
+        raise UserError(f"{base.mirror}/dists/{suite}/{name} has sha256 {actual}; its signed Release says {expected}")
+    partial.replace(cached)
+    return cached
+
+
+def parse_packages(text: str) -> Index:
+    """`package=version` -> file, for every stanza of a Packages index."""
+    found: Index = {}
+    for stanza in deb822.Packages.iter_paragraphs(io.StringIO(text), use_apt_pkg=False):
+        found[f"{stanza['Package']}={stanza['Version']}"] = ArchiveFile(stanza["Filename"], stanza["SHA256"])
+    return found
+
+
+def archive_index(base: BaseImage) -> Index:
+    """Every package the base's suites and components offer for its architecture. A package in
+    several suites (jammy and jammy-updates) has the same file in each: one pool per mirror."""
+    found: Index = {}
+    with tempfile.TemporaryDirectory(prefix="torch-images-apt-") as scratch:
+        Path(scratch).chmod(0o755)
+        for suite in (base.suite, *base.extra_suites):
+            release = signed_release(base, suite, Path(scratch))
+            for component in base.components:
+                with lzma.open(_packages_file(base, suite, component, release)) as xz:
+                    found.update(parse_packages(xz.read().decode()))
+    return found
+
+
+def files_of(index: Index, pins: Iterable[str], base: BaseImage) -> dict[str, ArchiveFile]:
+    """Each pin's file; a pin the archive no longer serves is one line saying to lock again."""
+    files = {}
+    for pin in pins:
+        if pin not in index:
+            raise UserError(
+                f"{pin} is not in {base.mirror} {base.suite} ({base.arch}) any more; "
+                "lock again from a fresh base (remove the engine's torch-images/base images)"
+            )
+        files[pin] = index[pin]
+    return files

@@ -1,0 +1,161 @@
+"""Offline rebuilds without an engine: the local apt repository, bundles' manifests, recorded IDs."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from builder import digests
+from builder.build import aptrepo, wheelhouse
+from builder.build.wheelchoice import WheelRef
+from builder.errors import UserError
+from builder.lock.aptindex import ArchiveFile
+from builder.plan.matrix import load_matrix
+from builder.render import served
+from builder.repro import bundle, recorded
+from tests.conftest import FIXTURES
+
+
+def make_deb(folder: Path, name: str, version: str, depends: str = "") -> Path:
+    """A real .deb, as dpkg-deb builds it."""
+    root = folder / f"{name}-root"
+    (root / "DEBIAN").mkdir(parents=True)
+    (root / "usr/share" / name).mkdir(parents=True)
+    (root / "usr/share" / name / "README").write_text(f"{name} {version}\n")
+    control = f"Package: {name}\nVersion: {version}\nArchitecture: all\nMaintainer: t <t@example.org>\n"
+    control += (f"Depends: {depends}\n" if depends else "") + f"Description: {name}\n"
+    (root / "DEBIAN/control").write_text(control)
+    deb = folder / f"{name}_{version}_all.deb"
+    subprocess.run(
+        ["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(deb)], check=True, capture_output=True
+    )
+    return deb
+
+
+@pytest.fixture
+def repository(tmp_path: Path) -> tuple[wheelhouse.Wheelhouse, list[ArchiveFile], object]:
+    """Two .debs in a wheelhouse (as if fetched from a mirror: here, a file:// one)."""
+    mirror = tmp_path / "mirror"
+    pool = mirror / "pool/main"
+    pool.mkdir(parents=True)
+    debs = [make_deb(pool, "alpha", "1.0-1"), make_deb(pool, "beta", "2:2.0-1", depends="alpha (>= 1.0)")]
+    files = [ArchiveFile(f"pool/main/{d.name}", digests.sha256_file(d)) for d in debs]
+    grid = load_matrix(FIXTURES / "multiarch.yaml")
+    base = dataclasses.replace(grid.cells[0].base, mirror=mirror.as_uri())
+    return wheelhouse.Wheelhouse(tmp_path / "house"), files, base
+
+
+def test_the_local_repository_is_named_by_its_files_and_lists_each_with_its_sha256(repository: tuple) -> None:  # type: ignore[type-arg]
+    house, files, base = repository
+    where = aptrepo.publish(house, base, files)
+    assert where == served.apt_repository(reversed(files)) != served.apt_repository(files[:1])
+    packages = (house.root / where / "Packages").read_text()
+    for file in files:
+        blob = house.blob_path(file.sha256, Path(file.path).name)
+        assert f"Filename: {blob}\n" in packages and f"SHA256: {file.sha256}\n" in packages
+        assert house.serves(blob)
+    assert "Depends: alpha (>= 1.0)" in packages and "Version: 2:2.0-1" in packages
+    release = (house.root / where / "Release").read_text()
+    assert f"Suite: {base.suite}\n" in release
+    assert hashlib.sha256(packages.encode()).hexdigest() in release
+
+
+def test_the_same_debs_give_the_same_repository_bytes_in_another_cache(repository: tuple, tmp_path: Path) -> None:  # type: ignore[type-arg]
+    house, files, base = repository
+    where = aptrepo.publish(house, base, files)
+    elsewhere = wheelhouse.Wheelhouse(tmp_path / "elsewhere")
+    assert aptrepo.publish(elsewhere, base, list(reversed(files))) == where
+    for name in ("Packages", "Release"):
+        assert (elsewhere.root / where / name).read_bytes() == (house.root / where / name).read_bytes()
+
+
+def test_a_deb_that_does_not_match_its_locked_sha256_is_refused(repository: tuple) -> None:  # type: ignore[type-arg]
+    house, files, base = repository
+    wrong = [dataclasses.replace(files[0], sha256="0" * 64)]
+    with pytest.raises(UserError, match="sha256 mismatch"):
+        aptrepo.publish(house, base, wrong)
+
+
+def test_offline_a_file_missing_from_the_cache_is_refused_without_a_download(tmp_path: Path) -> None:
+    house = wheelhouse.Wheelhouse(tmp_path / "house", offline=True)
+    ref = WheelRef("alpha", "alpha_1.0-1_all.deb", "http://127.0.0.1:9/pool/alpha_1.0-1_all.deb", "1" * 64)
+    with pytest.raises(UserError, match="is not in the cache and the build is offline"):
+        house.fetch(ref)
+
+
+# ---------------------------------------------------------------- bundles
+
+
+@pytest.fixture
+def fake_bundle(tmp_path: Path) -> Path:
+    """A bundle's layout: the builder's shipped files, a cache file, and the manifest."""
+    root = tmp_path / "bundle"
+    files = {}
+    for name, folder in bundle.SHIPPED.items():
+        shutil.copytree(folder, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "cache/sha256/ab").mkdir(parents=True)
+    (root / "cache/sha256/ab/a.deb").write_bytes(b"a deb")
+    (root / "matrix.yaml").write_text("registry: 127.0.0.1:5000\n")
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        files[path.relative_to(root).as_posix()] = digests.sha256_file(path)
+    manifest = {"cell": "c", "builder": {"version": "0", "commit": "abc123"}, "files": files}
+    (root / bundle.MANIFEST).write_text(json.dumps(manifest))
+    return root
+
+
+def test_an_intact_bundle_opens(fake_bundle: Path) -> None:
+    assert bundle.open_bundle(fake_bundle, lambda _: None).cell == "c"
+
+
+def test_a_bundle_file_altered_is_refused_naming_it(fake_bundle: Path) -> None:
+    (fake_bundle / "cache/sha256/ab/a.deb").write_bytes(b"another deb")
+    with pytest.raises(UserError, match=r"cache/sha256/ab/a\.deb does not match its sha256"):
+        bundle.open_bundle(fake_bundle, lambda _: None)
+
+
+def test_a_file_added_to_or_missing_from_a_bundle_is_refused_naming_it(fake_bundle: Path) -> None:
+    (fake_bundle / "cache/extra.whl").write_bytes(b"x")
+    with pytest.raises(UserError, match=r"cache/extra\.whl is not in the bundle's manifest"):
+        bundle.open_bundle(fake_bundle, lambda _: None)
+    (fake_bundle / "cache/extra.whl").unlink()
+    (fake_bundle / "matrix.yaml").unlink()
+    with pytest.raises(UserError, match=r"matrix\.yaml: listed in manifest\.json but missing"):
+        bundle.open_bundle(fake_bundle, lambda _: None)
+
+
+def test_a_bundle_made_with_other_templates_names_the_commit_to_rebuild_with(fake_bundle: Path) -> None:
+    template = fake_bundle / "templates/Dockerfile.j2"
+    template.write_text(template.read_text() + "# changed\n")
+    manifest = json.loads((fake_bundle / bundle.MANIFEST).read_text())
+    manifest["files"]["templates/Dockerfile.j2"] = digests.sha256_file(template)
+    (fake_bundle / bundle.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(UserError, match=r"templates/Dockerfile\.j2 differs from the bundle's; .* commit abc123"):
+        bundle.open_bundle(fake_bundle, lambda _: None)
+
+
+def test_a_directory_without_a_manifest_is_not_a_bundle(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"is not a bundle: it has no manifest\.json"):
+        bundle.open_bundle(tmp_path, lambda _: None)
+
+
+# ---------------------------------------------------------------- recorded image IDs
+
+
+def test_a_recorded_image_id_is_compared_and_a_hostile_one_refused(tmp_path: Path) -> None:
+    grid = load_matrix(FIXTURES / "multiarch.yaml")
+    cell = dataclasses.replace(grid.cells[0], images_root=tmp_path)
+    cell.directory.mkdir(parents=True)
+    assert recorded.compare(cell, "sha256:" + "a" * 64) == (None, "no image ID recorded")
+    recorded.write(cell, "sha256:" + "a" * 64)
+    assert recorded.compare(cell, "sha256:" + "a" * 64)[0] is True
+    assert recorded.compare(cell, "sha256:" + "b" * 64)[0] is False
+    recorded.path(cell).write_text("sha256:aaaa; rm -rf /\n")
+    with pytest.raises(UserError, match="is not an image ID") as refused:
+        recorded.read(cell)
+    assert refused.value.line().startswith(f"{recorded.path(cell)}:1:")
