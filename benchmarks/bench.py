@@ -18,6 +18,9 @@ Targets (issues' wording):
   under 30 s;
 - the small arm64 cell (PyPI's torch 2.9.1 for aarch64, tests/fixtures/multiarch.yaml) built
   without cache under emulation on an x86 host: under 20 minutes; its self-test there, reported.
+- `bundle` of the CPU cell from a warm cache: under 60 s; its offline rebuild from the bundle
+  (empty cache, base bootstrapped from the bundle's .debs, no cache) against the same rebuild
+  online from the warm cache: reported, with both image IDs (they must be the same).
 Nothing here is asserted in tests: timings are machine-dependent and belong in a report. The
 command exits 1 when a target is missed.
 """
@@ -25,6 +28,7 @@ command exits 1 when a target is missed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -460,7 +464,69 @@ def bench_skip_existing(grid: matrix.Matrix, path: Path) -> Row:
     )
 
 
-BENCHMARKS = ["rebuild", "lock", "downloads", "selftest", "normalize", "size", "pushpull", "skip-existing", "arm64"]
+def _cli(*args: str, env: dict[str, str] | None = None) -> tuple[float, subprocess.CompletedProcess[str]]:
+    command = [sys.executable, "-m", "builder", *args]
+    started = time.perf_counter()
+    run = subprocess.run(command, capture_output=True, text=True, check=False, env={**os.environ, **(env or {})})
+    return time.perf_counter() - started, run
+
+
+def _untag_cell_and_base(grid: matrix.Matrix, cell: Cell) -> None:
+    """Take the cell's and its base's tags off (the images stay by ID), so a rebuild bootstraps
+    the base again and finds no earlier image."""
+    client = daemon.client()
+    for tag in (build.local_reference(grid, cell), build.cell_base(client, grid, cell, lambda _: None)):
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            client.api.remove_image(tag, noprune=True)
+
+
+def bench_offline(grid: matrix.Matrix, cell: Cell, path: Path) -> list[Row]:
+    """bundle from a warm cache; then the rebuild without cache online and offline, each
+    bootstrapping the base, through the CLI as a user runs them."""
+    with tempfile.TemporaryDirectory() as scratch:
+        output = Path(scratch, "bundle")
+        bundle_s, bundled = _cli("--matrix", str(path), "bundle", cell.name, "--output", str(output))
+        rows = [
+            Row(
+                f"bundle {cell.name}, warm cache",
+                f"{bundle_s:.1f} s" if bundled.returncode == 0 else f"failed: {bundled.stderr.strip()[-200:]}",
+                "-",
+                None,
+                "< 60 s",
+                bundled.returncode == 0 and bundle_s < 60,
+            )
+        ]
+        if bundled.returncode != 0:
+            return rows
+        _untag_cell_and_base(grid, cell)
+        online_s, online = _cli("--matrix", str(path), "build", cell.name, "--no-cache", "--no-smoke")
+        _untag_cell_and_base(grid, cell)
+        offline_env = {"TORCH_IMAGES_CACHE": str(Path(scratch, "empty-cache")), "TORCH_IMAGES_NO_PULL": "1"}
+        offline_s, offline = _cli(
+            "build", "--offline", "--bundle", str(output), "--no-cache", "--no-smoke", env=offline_env
+        )
+    image_id = daemon.client().images.get(build.local_reference(grid, cell)).id
+    same = (
+        online.returncode == offline.returncode == 0
+        and image_id[7:19] in online.stdout
+        and image_id[7:19] in offline.stdout
+    )
+    rows.append(
+        Row(
+            f"rebuild of {cell.name} without cache: offline from its bundle (empty cache) vs online",
+            f"{offline_s:.0f} s" + ("" if offline.returncode == 0 else f" (failed: {offline.stderr.strip()[-200:]})"),
+            f"{online_s:.0f} s" + ("" if online.returncode == 0 else f" (failed: {online.stderr.strip()[-200:]})"),
+            offline_s / online_s,
+            f"reported; same image ID ({image_id[7:19]})",
+            same,
+        )
+    )
+    return rows
+
+
+BENCHMARKS = [
+    "rebuild", "lock", "downloads", "selftest", "normalize", "size", "pushpull", "skip-existing", "arm64", "offline",
+]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -510,6 +576,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(bench_skip_existing(grid, Path(args.matrix)))
         if "arm64" not in args.skip:
             rows += bench_arm64(results)
+        if "offline" not in args.skip:
+            rows += bench_offline(grid, cell, Path(args.matrix))
     finally:
         build.discard_intermediates(daemon.client(), results)
     table = Table(title="torch-images benchmarks")

@@ -14,8 +14,9 @@ import docker.errors
 from builder.errors import UserError
 
 DOCKERD_LOG = Path("/var/log/torch-images-dockerd.log")
-# Program -> Debian package that a fresh host needs for builds (the engine, the base bootstrap).
-HOST_TOOLS = {"dockerd": "docker.io", "mmdebstrap": "mmdebstrap"}
+# Program -> Debian package that a fresh host needs for builds (the engine, the base bootstrap,
+# and gpgv, which checks the signature of each suite index that debian.lock is made from).
+HOST_TOOLS = {"dockerd": "docker.io", "mmdebstrap": "mmdebstrap", "gpgv": "gpgv"}
 # ... and for the tests: a real registry (the CNCF distribution, as Debian packages it) with
 # htpasswd authentication, and openssl for the certificates the tests make.
 TEST_TOOLS = {"docker-registry": "docker-registry", "htpasswd": "apache2-utils", "openssl": "openssl"}
