@@ -166,7 +166,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         raise UserError("--bundle is for offline rebuilds; give --offline too (`build --offline --bundle DIR CELL`)")
 
     def say(text: str) -> None:
-        console.print(text, highlight=False)
+        console.print(text, highlight=False, soft_wrap=True)
 
     opened = bundle.open_bundle(args.bundle, say) if args.bundle else None
     grid = matrix.load_matrix(opened.matrix) if opened else _matrix(args)
@@ -481,8 +481,8 @@ def build_parser() -> argparse.ArgumentParser:
     build_cmd = command(
         "build",
         "build cells on the Docker engine, then self-test each",
-        "Needs the engine; downloads the locked wheels once into the wheelhouse cache (~/.cache/torch-images, "
-        "TORCH_IMAGES_CACHE moves it) and bootstraps bases from the distro mirror when no registry has them. "
+        "Needs the engine; downloads the locked wheels and .debs once into the cache (~/.cache/torch-images, "
+        "TORCH_IMAGES_CACHE moves it), checks each by sha256, and bootstraps the base from its locked packages. "
         "A cell whose inputs did not change since its image was built is not built again.",
     )
     build_cmd.add_argument("cells", nargs="*", help="cells to build (default: the flagship)")
