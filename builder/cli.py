@@ -227,7 +227,7 @@ def _build_and_test(
             client, grid, cell, house, report, args.no_cache, not args.no_normalize, args.backend, published=published
         )
         if result.status in ("built", "unchanged") and (args.backend, not args.no_normalize) == recorded.RECORDED_PATH:
-            result.recorded, said = recorded.compare(cell, result.image_id)
+            result.recorded, said = recorded.compare(cell, result.image_id, result.build_id)
             report(f"{cell.name}: {said}")
             if result.recorded is not None:
                 result.status += ", recorded ID" if result.recorded else ", NOT the recorded ID"
@@ -368,7 +368,7 @@ def cmd_verify_repro(args: argparse.Namespace) -> int:
         return _verify_against_recorded(client, grid, cells, house)
     failed = 0
     for cell in cells:
-        verdict = twice.build_twice(client, grid, cell, house, progress)
+        verdict, build_id = twice.build_twice(client, grid, cell, house, progress)
         table = Table(title=f"{cell.name}: {'reproducible' if verdict.reproducible else 'NOT reproducible'}")
         for column in ("layer", "build 1", "build 2", "same"):
             table.add_column(column)
@@ -379,12 +379,13 @@ def cmd_verify_repro(args: argparse.Namespace) -> int:
         for index, paths in verdict.differences.items():
             console.print(f"layer {index} differs in: {', '.join(paths)}")
         failed += not verdict.reproducible
-        same, said = recorded.compare(cell, verdict.first_id)
+        same, said = recorded.compare(cell, verdict.first_id, build_id)
         if args.record and verdict.reproducible:
-            console.print(f"{cell.name}: recorded {verdict.first_id[7:19]} in {recorded.write(cell, verdict.first_id)}")
-        elif same is not None:
+            written = recorded.write(cell, verdict.first_id, build_id)
+            console.print(f"{cell.name}: recorded {verdict.first_id[7:19]} in {written}")
+        else:
             console.print(f"{cell.name}: {said}")
-            failed += not same
+            failed += same is False
     return 1 if failed else 0
 
 
@@ -399,10 +400,10 @@ def _verify_against_recorded(
                 f"{cell.name} has no recorded image ID ({recorded.path(cell)}); record one with "
                 f"`python -m builder verify-repro --record {cell.name}`"
             )
-        image_id = twice.build_once(client, grid, cell, house, progress)
-        same, said = recorded.compare(cell, image_id)
+        image_id, build_id = twice.build_once(client, grid, cell, house, progress)
+        same, said = recorded.compare(cell, image_id, build_id)
         console.print(f"{cell.name}: built {image_id[7:19]}: {said}")
-        failed += not same
+        failed += same is not True  # a record for other inputs proves nothing either way
     return 1 if failed else 0
 
 

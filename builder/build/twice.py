@@ -17,20 +17,24 @@ from builder.repro.verify import Verdict, compare
 Progress = Callable[[str], AbstractContextManager[Callable[[str], None]]]
 
 
-def build_once(engine: docker.DockerClient, grid: Matrix, cell: Cell, house: Wheelhouse, progress: Progress) -> str:
-    """Build the cell without cache (its intermediate steps removed after); returns the image ID."""
+def build_once(
+    engine: docker.DockerClient, grid: Matrix, cell: Cell, house: Wheelhouse, progress: Progress
+) -> tuple[str, str]:
+    """Build the cell without cache (its intermediate steps removed after); returns the image ID
+    and the build ID (the inputs it was built from)."""
     with progress(f"{cell.name}: building without cache") as report:
         result = build.build_cell(engine, grid, cell, house, report, no_cache=True)
     build.discard_intermediates(engine, [result])
     if result.status != "built":
         raise UserError(f"{cell.name}: the build failed: {result.detail}")
-    return result.image_id
+    return result.image_id, result.build_id
 
 
 def build_twice(
     engine: docker.DockerClient, grid: Matrix, cell: Cell, house: Wheelhouse, progress: Progress
-) -> Verdict:
+) -> tuple[Verdict, str]:
     """Build the cell twice without cache (each build's intermediate steps removed before the
-    next, so the second reuses nothing) and compare the two images."""
-    ids = [build_once(engine, grid, cell, house, progress) for _ in (1, 2)]
-    return compare(engine, cell.name, ids[0], ids[1])
+    next, so the second reuses nothing) and compare the two images; returns the verdict and the
+    build ID."""
+    (first, build_id), (second, _) = (build_once(engine, grid, cell, house, progress) for _ in (1, 2))
+    return compare(engine, cell.name, first, second), build_id

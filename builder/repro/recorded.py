@@ -2,12 +2,18 @@
 
 `verify-repro --record` writes it once two builds without cache gave the same ID; from then on a
 build on any machine (online, offline from a bundle, `verify-repro --once`) is compared with it,
-so another machine's build is evidence too. The file arrives through pull requests like the
-locks: it is one image ID by its grammar, or it is refused.
+so another machine's build is evidence too. The file names the build ID it was recorded for (the
+hash of every input: context files and base), so that after `lock` or `render` move a cell's
+inputs the record reads as stale, never as a failed reproduction. It arrives through pull
+requests like the locks: each line by its grammar, or it is refused.
+
+    sha256:<image ID>
+    build-id <build ID>
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from builder.errors import Location, UserError
@@ -19,36 +25,58 @@ IMAGE_ID = "image-id"
 RECORDED_PATH = ("sdk", True)
 
 
+@dataclass(frozen=True)
+class Record:
+    image_id: str  # sha256:<64 hex>
+    build_id: str  # 32 hex: the inputs it was built from
+
+
 def path(cell: Cell) -> Path:
     return cell.directory / IMAGE_ID
 
 
-def read(cell: Cell) -> str | None:
-    """The recorded image ID (sha256:<64 hex>), or None when none was recorded."""
+def _refuse(cell: Cell, line: int, text: str, want: str) -> UserError:
+    return UserError(
+        f"{text[:80]!r} is not {want}; record it again with `python -m builder verify-repro --record {cell.name}`",
+        Location(path(cell), line),
+    )
+
+
+def read(cell: Cell) -> Record | None:
+    """The recorded image and build IDs, or None when none was recorded."""
     where = path(cell)
     if not where.exists():
         return None
-    text = where.read_text(errors="replace").strip()
-    if not text.startswith("sha256:") or not grammar.SHA256.matches(text.removeprefix("sha256:")):
-        raise UserError(
-            f"{text[:80]!r} is not an image ID; write sha256:<{grammar.SHA256.hint}>, or record it again with "
-            f"`python -m builder verify-repro --record {cell.name}`",
-            Location(where, 1),
-        )
-    return text
+    lines = where.read_text(errors="replace").splitlines()
+    image_id = lines[0].strip() if lines else ""
+    if not image_id.startswith("sha256:") or not grammar.SHA256.matches(image_id.removeprefix("sha256:")):
+        raise _refuse(cell, 1, image_id, f"an image ID (sha256:<{grammar.SHA256.hint}>)")
+    build_line = lines[1].strip() if len(lines) > 1 else ""
+    build_id = build_line.removeprefix("build-id ")
+    if not build_line.startswith("build-id ") or not grammar.BUILD_ID.matches(build_id):
+        raise _refuse(cell, 2, build_line, f"`build-id <{grammar.BUILD_ID.hint}>`")
+    if any(line.strip() for line in lines[2:]):
+        raise _refuse(cell, 3, lines[2], "allowed: the file has two lines")
+    return Record(image_id, build_id)
 
 
-def write(cell: Cell, image_id: str) -> Path:
+def write(cell: Cell, image_id: str, build_id: str) -> Path:
     where = path(cell)
-    where.write_text(image_id + "\n")
+    where.write_text(f"{image_id}\nbuild-id {build_id}\n")
     return where
 
 
-def compare(cell: Cell, image_id: str) -> tuple[bool | None, str]:
-    """Whether the image is the recorded one (None when none is recorded), and a line saying so."""
-    recorded = read(cell)
-    if recorded is None:
+def compare(cell: Cell, image_id: str, build_id: str) -> tuple[bool | None, str]:
+    """Whether the image is the recorded one (None when none is recorded for these inputs), and a
+    line saying so."""
+    record = read(cell)
+    if record is None:
         return None, "no image ID recorded"
-    if recorded == image_id:
-        return True, f"the recorded image ID {recorded[7:19]}"
-    return False, f"NOT the recorded image ID {recorded[7:19]}"
+    if record.build_id != build_id:
+        return None, (
+            f"the recorded image ID {record.image_id[7:19]} is for other inputs (build ID {record.build_id[:12]}, "
+            f"now {build_id[:12]}); record it again with `python -m builder verify-repro --record {cell.name}`"
+        )
+    if record.image_id == image_id:
+        return True, f"the recorded image ID {record.image_id[7:19]}"
+    return False, f"NOT the recorded image ID {record.image_id[7:19]}"

@@ -67,6 +67,7 @@ PYTHON_VERSION = Grammar(
 )
 PLATFORM = Grammar(r"linux/(amd64|arm64)", 'a platform: "linux/amd64" or "linux/arm64"')
 SHA256 = Grammar(r"[0-9a-f]{64}", "64 lower-case hex digits")
+BUILD_ID = Grammar(r"[0-9a-f]{32}", "32 lower-case hex digits (a build ID)")
 # Image and layer sizes in decimal units, as `docker images` prints them.
 SIZE = Grammar(r"[0-9]+(\.[0-9]+)? ?(MB|GB)", 'a size such as "5.6 GB" or "800 MB"')
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -16,6 +17,7 @@ from builder.build import aptrepo, wheelhouse
 from builder.build.wheelchoice import WheelRef
 from builder.errors import UserError
 from builder.lock.aptindex import ArchiveFile
+from builder.plan.cell import Cell
 from builder.plan.matrix import load_matrix
 from builder.render import served
 from builder.repro import bundle, recorded
@@ -147,15 +149,44 @@ def test_a_directory_without_a_manifest_is_not_a_bundle(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- recorded image IDs
 
 
-def test_a_recorded_image_id_is_compared_and_a_hostile_one_refused(tmp_path: Path) -> None:
+IMAGE_A, IMAGE_B = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+INPUTS, OTHER_INPUTS = "1" * 32, "2" * 32
+
+
+@pytest.fixture
+def unrecorded_cell(tmp_path: Path) -> Cell:
     grid = load_matrix(FIXTURES / "multiarch.yaml")
     cell = dataclasses.replace(grid.cells[0], images_root=tmp_path)
     cell.directory.mkdir(parents=True)
-    assert recorded.compare(cell, "sha256:" + "a" * 64) == (None, "no image ID recorded")
-    recorded.write(cell, "sha256:" + "a" * 64)
-    assert recorded.compare(cell, "sha256:" + "a" * 64)[0] is True
-    assert recorded.compare(cell, "sha256:" + "b" * 64)[0] is False
-    recorded.path(cell).write_text("sha256:aaaa; rm -rf /\n")
-    with pytest.raises(UserError, match="is not an image ID") as refused:
-        recorded.read(cell)
-    assert refused.value.line().startswith(f"{recorded.path(cell)}:1:")
+    return cell
+
+
+def test_a_recorded_image_id_is_compared_for_the_inputs_it_was_recorded_for(unrecorded_cell: Cell) -> None:
+    cell = unrecorded_cell
+    assert recorded.compare(cell, IMAGE_A, INPUTS) == (None, "no image ID recorded")
+    recorded.write(cell, IMAGE_A, INPUTS)
+    assert recorded.compare(cell, IMAGE_A, INPUTS)[0] is True
+    assert recorded.compare(cell, IMAGE_B, INPUTS)[0] is False
+
+
+def test_a_record_for_other_inputs_is_stale_not_a_failed_reproduction(unrecorded_cell: Cell) -> None:
+    recorded.write(unrecorded_cell, IMAGE_A, INPUTS)
+    same, said = recorded.compare(unrecorded_cell, IMAGE_B, OTHER_INPUTS)
+    assert same is None
+    assert "is for other inputs" in said and "verify-repro --record" in said
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "message"),
+    [
+        ("sha256:aaaa; rm -rf /\n", 1, "is not an image ID"),
+        (f"{IMAGE_A}\n", 2, "is not `build-id"),
+        (f"{IMAGE_A}\nbuild-id {INPUTS}$(id)\n", 2, "is not `build-id"),
+        (f"{IMAGE_A}\nbuild-id {INPUTS}\nRUN curl evil\n", 3, "the file has two lines"),
+    ],
+)
+def test_a_hostile_record_is_refused_naming_its_line(unrecorded_cell: Cell, text: str, line: int, message: str) -> None:
+    recorded.path(unrecorded_cell).write_text(text)
+    with pytest.raises(UserError, match=re.escape(message)) as refused:
+        recorded.read(unrecorded_cell)
+    assert refused.value.line().startswith(f"{recorded.path(unrecorded_cell)}:{line}:")
