@@ -23,6 +23,7 @@ from builder.lock.inputs import CellLocks
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
 from builder.render import served
+from builder.repro import recorded
 from builder.spec import flavor, grammar, layout
 
 TEMPLATES = paths.TEMPLATES
@@ -197,10 +198,10 @@ def orphans(grid: Matrix) -> list[str]:
 def remove_orphans(grid: Matrix) -> list[Path]:
     """Delete the folders of cells the matrix no longer has (render owns the images folder).
 
-    Only folders that look generated (every file one that `lock` or `render` writes) are removed;
-    anything else is left for the user and still reported by `render --check`.
+    Only folders that look generated (every file one that `lock`, `render` or `verify-repro --record`
+    writes) are removed; anything else is left for the user and still reported by `render --check`.
     """
-    generated = {"Dockerfile", "spec.json", lock.STACK_LOCK, lock.FLAVOR_LOCK, debs.DEBIAN_LOCK}
+    generated = {"Dockerfile", "spec.json", lock.STACK_LOCK, lock.FLAVOR_LOCK, debs.DEBIAN_LOCK, recorded.IMAGE_ID}
     removed = []
     for directory in orphan_dirs(grid):
         entries = list(directory.iterdir())

@@ -38,6 +38,7 @@ class BuiltCell:
     reference: str
     image_id: str
     client: docker.DockerClient
+    build_id: str = ""
 
     def run(self, *command: str, **kwargs: object) -> str:
         output: bytes = self.client.containers.run(
@@ -68,7 +69,7 @@ def built(client: docker.DockerClient, pytestconfig: pytest.Config) -> Iterator[
     result = build.build_cell(client, grid, cell, wheelhouse.Wheelhouse(), print, no_cache=True)
     assert result.status == "built", result.detail
     # Its intermediate steps stay until the session ends: the devel sibling reuses them.
-    yield BuiltCell(grid, cell, reference, result.image_id, client)
+    yield BuiltCell(grid, cell, reference, result.image_id, client, result.build_id)
 
 
 @pytest.fixture(scope="session")
@@ -80,7 +81,9 @@ def built_devel(built: BuiltCell) -> BuiltCell:
         pytest.skip(f"the matrix has no devel sibling of {built.cell.name}")
     result = build.build_cell(built.client, built.grid, cell, wheelhouse.Wheelhouse(), print)
     assert result.status in ("built", "unchanged"), result.detail
-    return BuiltCell(built.grid, cell, build.local_reference(built.grid, cell), result.image_id, built.client)
+    return BuiltCell(
+        built.grid, cell, build.local_reference(built.grid, cell), result.image_id, built.client, result.build_id
+    )
 
 
 _smoke_results: dict[str, smoke.SmokeResult] = {}

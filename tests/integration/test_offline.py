@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from builder.build import build
-from builder.repro import bundle
+from builder.repro import bundle, recorded
 from tests.integration.conftest import REPO, BuiltCell
 
 pytestmark = pytest.mark.integration
@@ -96,3 +96,18 @@ def test_a_bundle_with_one_file_altered_is_refused_naming_the_file(built: BuiltC
         assert {image.id for image in built.client.images.list(all=True)} == before  # nothing built
     finally:
         deb.write_bytes(original)
+
+
+@pytest.mark.parametrize("image", ["built", "built_devel"])
+def test_this_machines_build_is_the_recorded_image(image: str, request: pytest.FixtureRequest) -> None:
+    # images/<cell>/image-id was recorded on another machine: this build is evidence too. A
+    # change to the cell's inputs must come with a new record (`verify-repro --record`).
+    built: BuiltCell = request.getfixturevalue(image)
+    record = recorded.read(built.cell)
+    if record is None:
+        pytest.skip(f"{built.cell.name} has no recorded image ID (the shipped CPU cells have)")
+    assert record.build_id == built.build_id, (
+        f"{built.cell.name}'s inputs changed since its image ID was recorded: "
+        f"python -m builder verify-repro --record {built.cell.name}"
+    )
+    assert built.image_id == record.image_id
