@@ -447,6 +447,36 @@ def _model(ctx: Context, width: int, depth: int) -> torch.nn.Module:
     return torch.nn.Sequential(*[_Block(width) for _ in range(depth)]).to(ctx.device)
 
 
+def check_triton(ctx: Context) -> Metrics:
+    """torch.compile on a GPU generates Triton kernels: in a CUDA build of torch, triton imports
+    with its NVIDIA backend and its ptxas runs. Without a GPU this is the only check of triton
+    (Inductor's CPU code never imports it), and `import triton` fails when any backend its
+    entry points name is missing."""
+    if not torch.version.cuda:
+        raise Skip("a CPU build of torch")
+    try:
+        import triton
+        from triton.backends import backends
+    except Exception as error:  # any failure here is torch.compile failing on a GPU
+        raise Failure(f"import triton failed: {type(error).__name__}: {error}") from None
+    if "nvidia" not in backends:
+        raise Failure(f"triton has no NVIDIA backend (it found {sorted(backends)})")
+    ptxas = os.environ.get("TRITON_PTXAS_PATH") or str(Path(triton.__file__).parent / "backends/nvidia/bin/ptxas")
+    try:
+        run = subprocess.run([ptxas, "--version"], capture_output=True, text=True, timeout=60)
+    except OSError as error:
+        raise Failure(f"triton's ptxas does not run: {error}") from None
+    if run.returncode != 0:
+        raise Failure(f"{ptxas} --version exited {run.returncode}: {run.stderr.strip()[-200:]}")
+    metrics: Metrics = {"triton": triton.__version__, "backends": sorted(backends)}
+    metrics["ptxas"] = (run.stdout.strip().splitlines() or ["?"])[-1]
+    if ctx.cuda:
+        from torch.utils._triton import has_triton
+
+        metrics["usable_on_this_gpu"] = has_triton()
+    return metrics
+
+
 def check_compile(ctx: Context) -> Metrics:
     """A small model compiled with Inductor matches eager and is not slower."""
     width, batch = (256, 64) if not ctx.cuda else (1024, 4096)
@@ -527,7 +557,9 @@ def _train(ctx: Context, dtype: Optional[torch.dtype], steps: int) -> Metrics:
     model = _model(ctx, width, 2)
     head = torch.nn.Linear(width, 1).to(ctx.device)
     params = list(model.parameters()) + list(head.parameters())
-    optimizer = torch.optim.AdamW(params, lr=1e-3)
+    # Adam moves every weight by about lr a step, so the output by about lr * width: 1e-3
+    # trains the CPU's width 128 and diverges at the GPU's 2048 (seen on an H200).
+    optimizer = torch.optim.AdamW(params, lr=0.1 / width)
     scaler = torch.amp.GradScaler("cuda") if (dtype == torch.float16 and ctx.cuda) else None
     x = torch.randn(128 if not ctx.cuda else 8192, width, device=ctx.device)
     target = x.sum(dim=1, keepdim=True) / width**0.5
@@ -770,6 +802,7 @@ CHECKS = [
     ("cpu", check_cpu),
     ("conv2d", check_conv2d),
     ("linalg", check_linalg),
+    ("triton", check_triton),
     ("torch.compile", check_compile),
     ("amp", check_amp),
     ("sdpa", check_sdpa),

@@ -82,7 +82,7 @@ RUN python3 -m venv /opt/venv \
       --find-links http://127.0.0.1:8741/locks/ae1268101eddcc01/ \
       -r /tmp/group.txt \
  && python /opt/torch-images/prune-paths.py /opt/venv/lib/python3.11/site-packages \
-      'triton/backends/amd' \
+      'triton/backends/amd/lib/libtriton_amd_codegen.so' \
       'triton/backends/nvidia/lib/cupti*/*_static.a' \
       'triton/instrumentation/libGPUInstrumentationTestLib.so' \
       'nvidia/cu*/lib/libcusolverMg.so*' \
@@ -103,7 +103,7 @@ RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv
       --find-links http://127.0.0.1:8741/locks/ae1268101eddcc01/ \
       -r /tmp/group.txt \
  && python /opt/torch-images/prune-paths.py /opt/venv/lib/python3.11/site-packages \
-      'triton/backends/amd' \
+      'triton/backends/amd/lib/libtriton_amd_codegen.so' \
       'triton/backends/nvidia/lib/cupti*/*_static.a' \
       'triton/instrumentation/libGPUInstrumentationTestLib.so' \
       'nvidia/cu*/lib/libcusolverMg.so*' \
@@ -124,7 +124,7 @@ RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv
       --find-links http://127.0.0.1:8741/locks/ae1268101eddcc01/ \
       -r /tmp/group.txt \
  && python /opt/torch-images/prune-paths.py /opt/venv/lib/python3.11/site-packages \
-      'triton/backends/amd' \
+      'triton/backends/amd/lib/libtriton_amd_codegen.so' \
       'triton/backends/nvidia/lib/cupti*/*_static.a' \
       'triton/instrumentation/libGPUInstrumentationTestLib.so' \
       'nvidia/cu*/lib/libcusolverMg.so*' \
@@ -145,7 +145,7 @@ RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv
       --find-links http://127.0.0.1:8741/locks/ae1268101eddcc01/ \
       -r /tmp/group.txt \
  && python /opt/torch-images/prune-paths.py /opt/venv/lib/python3.11/site-packages \
-      'triton/backends/amd' \
+      'triton/backends/amd/lib/libtriton_amd_codegen.so' \
       'triton/backends/nvidia/lib/cupti*/*_static.a' \
       'triton/instrumentation/libGPUInstrumentationTestLib.so' \
       'nvidia/cu*/lib/libcusolverMg.so*' \
@@ -166,7 +166,7 @@ RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv
       --find-links http://127.0.0.1:8741/locks/ae1268101eddcc01/ \
       -r /tmp/group.txt \
  && python /opt/torch-images/prune-paths.py /opt/venv/lib/python3.11/site-packages \
-      'triton/backends/amd' \
+      'triton/backends/amd/lib/libtriton_amd_codegen.so' \
       'triton/backends/nvidia/lib/cupti*/*_static.a' \
       'triton/instrumentation/libGPUInstrumentationTestLib.so' \
       'nvidia/cu*/lib/libcusolverMg.so*' \

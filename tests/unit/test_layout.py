@@ -85,6 +85,32 @@ def test_prune_paths_removes_what_the_patterns_name_and_nothing_else(tmp_path: P
     assert left == ["numpy/_core/multiarray.py", "triton/backends/nvidia/lib/cupti/libcupti.so"]
 
 
+# Files a runtime opens: `import triton` imports every backend its entry points name (AMD's
+# too), torch.compile runs ptxas, the profilers load CUPTI, torch's Triton-NVSHMEM path reads
+# the device bitcode. The shipped prune list must leave every one of them.
+OPENED_AT_RUNTIME = [
+    "nvidia/cu13/lib/libcusolver.so.12", "nvidia/nvshmem/lib/libnvshmem_device.bc",
+    "numpy/testing/__init__.py", "torch/testing/__init__.py", "triton/backends/amd/__init__.py",
+    "triton/backends/amd/compiler.py", "triton/backends/amd/driver.py", "triton/backends/nvidia/bin/ptxas",
+    "triton/backends/nvidia/compiler.py", "triton/backends/nvidia/lib/cupti/libcupti.so.12",
+    "triton/profiler/__init__.py",
+]  # fmt: skip
+NEVER_OPENED = [
+    "nvidia/cu13/lib/libcusolverMg.so.12", "numpy/_core/tests/test_x.py", "torch/bin/protoc",
+    "triton/backends/amd/lib/libtriton_amd_codegen.so", "triton/backends/nvidia/lib/cupti/libcupti_static.a",
+]  # fmt: skip
+
+
+def test_the_shipped_prune_list_keeps_what_a_runtime_opens_and_removes_the_rest(tmp_path: Path) -> None:
+    site = tmp_path / "site-packages"
+    for path in OPENED_AT_RUNTIME + NEVER_OPENED:
+        (site / path).parent.mkdir(parents=True, exist_ok=True)
+        (site / path).write_bytes(b"x")
+    script = str(SCRIPTS / "prune-paths.py")
+    subprocess.run([sys.executable, script, str(site), *layout.load().prune], check=True, capture_output=True)
+    assert sorted(str(p.relative_to(site)) for p in site.rglob("*") if p.is_file()) == sorted(OPENED_AT_RUNTIME)
+
+
 def test_sizes_are_reported_by_package_in_site_packages_and_by_folder_elsewhere() -> None:
     assert size.part_of("opt/venv/lib/python3.11/site-packages/torch/lib/libtorch_cuda.so") == "site-packages/torch"
     assert size.part_of("opt/venv/lib/python3.11/site-packages/torch-2.15.0.dist-info/RECORD") == "site-packages/torch"

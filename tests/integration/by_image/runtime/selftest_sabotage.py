@@ -130,6 +130,12 @@ CASES: list[tuple[str, str, Callable[[selftest.Context], Any], list[Any]]] = [
         ],
     ),
     (
+        "triton: it does not import",
+        "triton",
+        selftest.check_triton,
+        [mock.patch.dict(sys.modules, {"triton": None})],
+    ),
+    (
         "cuda-runtime: torch built without NVSHMEM",
         "cuda-runtime",
         selftest.check_cuda_runtime,

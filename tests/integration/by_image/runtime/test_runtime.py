@@ -132,6 +132,7 @@ class TestRuntimeImage:
             "cpu": "pass",
             "conv2d": "pass",
             "linalg": "pass",
+            "triton": cuda_only,
             "torch.compile": "pass",
             "amp": "pass",
             "sdpa": "pass",
@@ -163,6 +164,7 @@ class TestRuntimeImage:
             "torch.compile: compiled differs from eager": "fail",
             "libraries: the nvidia wheels are not what torch loads": cuda_only,
             "libraries: cuDNN loaded is not the one torch was built with": cuda_only,
+            "triton: it does not import": cuda_only,
             "cuda-runtime: torch built without NVSHMEM": cuda_only,
         }
         assert "cuda-compat-13-2" in outcomes["host: a CUDA 12.8 driver under a CUDA 13.2 image"][1]
