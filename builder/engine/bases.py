@@ -91,6 +91,21 @@ def bootstrap_locked(
     return tag
 
 
+MMDEBSTRAP_HOOKS = Path("/usr/share/mmdebstrap/hooks")
+
+
+def hook_options(base: BaseImage) -> list[str]:
+    """mmdebstrap's --hook-dir for each hook folder the base names (the schema allows only
+    folders mmdebstrap ships)."""
+    options = []
+    for name in base.hooks:
+        folder = MMDEBSTRAP_HOOKS / name
+        if not folder.is_dir():
+            raise UserError(f"base {base.name}: mmdebstrap's hook folder {folder} is missing; install mmdebstrap 1.0+")
+        options.append(f"--hook-dir={folder}")
+    return options
+
+
 def _run_locked_bootstrap(base: BaseImage, packages: LockedPackages, epoch: int, rootfs: Path) -> None:
     if base.bootstrap_tool != "mmdebstrap" or shutil.which("mmdebstrap") is None:
         raise UserError(
@@ -110,7 +125,7 @@ def _run_locked_bootstrap(base: BaseImage, packages: LockedPackages, epoch: int,
     extra = [] if base.arch == emulation.host_architecture() else [f"--architectures={base.arch}"]
     command = [
         "mmdebstrap", f"--variant={base.variant}", f"--mode={'root' if os.geteuid() == 0 else 'unshare'}",
-        "--format=tar", f"--include={','.join(packages.names)}", *extra,
+        "--format=tar", f"--include={','.join(packages.names)}", *extra, *hook_options(base),
         f"--customize-hook={own_sources}", f"--customize-hook={own_keys}", "--quiet",
         base.suite, str(rootfs), packages.sources_line,
     ]  # fmt: skip
@@ -178,12 +193,13 @@ def _run_bootstrap(base: BaseImage, epoch: int, rootfs: Path, scratch: Path) -> 
         sources = [f"deb {base.mirror} {suite} {' '.join(base.components)}" for suite in suites]
         command = [
             tool, f"--variant={base.variant}", f"--mode={mode}", "--format=tar", f"--components={components}",
-            *extra, "--quiet", base.suite, str(rootfs), *(sources if base.extra_suites else [base.mirror]),
+            *extra, *hook_options(base), "--quiet", base.suite, str(rootfs),
+            *(sources if base.extra_suites else [base.mirror]),
         ]  # fmt: skip
         result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     else:
-        if base.extra_suites:
-            raise UserError(f"base {base.name}: extra_suites needs mmdebstrap (debootstrap takes one suite)")
+        if base.extra_suites or base.hooks:
+            raise UserError(f"base {base.name}: extra_suites and hooks need mmdebstrap (debootstrap has neither)")
         target = scratch / "root"
         command = [
             tool,

@@ -127,6 +127,8 @@ def fingerprint(cell: Cell) -> str:
         base += [list(cell.base.include), list(cell.base.extra_suites)]
     if cell.base.arch != "amd64":
         base.append(cell.base.arch)
+    if cell.base.hooks:
+        base.append(["hooks", *cell.base.hooks])
     inputs = {
         "base": base,
         "common": list(table.common_system(cell.python)),

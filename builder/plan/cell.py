@@ -27,6 +27,7 @@ class BaseImage:
     components: tuple[str, ...]
     include: tuple[str, ...] = ()  # packages the bootstrap adds to the variant's
     extra_suites: tuple[str, ...] = ()  # searched besides `suite` (noble-updates, noble-security)
+    hooks: tuple[str, ...] = ()  # mmdebstrap hook folders the bootstrap runs (merged-usr)
     arch: str = "amd64"  # Debian's name for the architecture (amd64, arm64)
     keyring: KeyringSpec | None = None  # the archive's keys, when the host lacks them
 

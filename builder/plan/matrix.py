@@ -112,6 +112,7 @@ def _base_image(name: str, spec: BaseSpec) -> BaseImage:
         components=tuple(spec.bootstrap.components),
         include=tuple(spec.bootstrap.include),
         extra_suites=tuple(spec.bootstrap.extra_suites),
+        hooks=tuple(spec.bootstrap.hooks),
         keyring=spec.bootstrap.keyring,
     )
 

@@ -77,6 +77,10 @@ class BootstrapSpec(Strict):
     # Suites searched besides the base's own (mmdebstrap only): Ubuntu's release pocket never
     # changes after release, its fixes come in <suite>-updates and <suite>-security.
     extra_suites: list[Name] = []
+    # mmdebstrap's own hook folders (mmdebstrap only). merged-usr: the merged /usr is set up by
+    # the hook, so bookworm's init-system-helpers takes usr-is-merged instead of usrmerge, which
+    # would pull perl (about 45 MB) into the base; debian:bookworm-slim is made the same way.
+    hooks: list[Literal["merged-usr"]] = []
 
 
 class BaseSpec(Strict):

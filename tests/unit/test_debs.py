@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from pathlib import Path
 
 import pytest
 
+from builder.engine import bases
 from builder.errors import UserError
 from builder.lock import aptindex, debian
+from builder.plan.matrix import load_matrix
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def pinned(common: tuple[str, ...], flavor: tuple[str, ...] = (), base: tuple[str, ...] = ()) -> debian.DebianLock:
@@ -113,3 +118,23 @@ def test_each_pin_is_found_in_the_packages_index_or_the_lock_says_to_lock_again(
     base = type("Base", (), {"mirror": "http://deb.debian.org/debian", "suite": "bookworm", "arch": "amd64"})()
     with pytest.raises(UserError, match=r"htop=3.2.2-3 is not in http://deb.debian.org/debian bookworm \(amd64\)"):
         aptindex.files_of(index, ["htop=3.2.2-3"], base)  # type: ignore[arg-type]
+
+
+def test_a_bases_bootstrap_hooks_are_part_of_its_debian_lock_fingerprint() -> None:
+    grid = load_matrix(REPO / "matrix.yaml")
+    cell = grid.cell("2.13.0-cpu-bookworm-runtime")
+    assert cell.base.hooks == ("merged-usr",)
+    without = dataclasses.replace(cell, base=dataclasses.replace(cell.base, hooks=()))
+    assert debian.fingerprint(cell) != debian.fingerprint(without)
+
+
+def test_a_hook_is_mmdebstraps_own_folder_and_a_missing_one_is_one_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = load_matrix(REPO / "matrix.yaml").cell("2.13.0-cpu-bookworm-runtime").base
+    monkeypatch.setattr(bases, "MMDEBSTRAP_HOOKS", tmp_path)
+    with pytest.raises(UserError) as caught:
+        bases.hook_options(base)
+    assert "merged-usr is missing" in caught.value.line() and "mmdebstrap" in caught.value.line()
+    (tmp_path / "merged-usr").mkdir()
+    assert bases.hook_options(base) == [f"--hook-dir={tmp_path / 'merged-usr'}"]

@@ -152,6 +152,15 @@ def test_other_values_that_reach_a_dockerfile_or_a_path_are_checked_against_thei
     assert_one_line_error(code, output, field, "is not valid; write")
 
 
+def test_a_bootstrap_hook_is_one_of_the_folders_mmdebstrap_ships(
+    project: Project, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A hook folder's scripts run as root on the host: a path from a pull request must not name one.
+    project.edit(project.matrix, "hooks: [merged-usr]", "hooks: [../../../tmp/evil]")
+    code, output = run(project, capsys, "render")
+    assert_one_line_error(code, output, "bootstrap.hooks[0]", "should be 'merged-usr'")
+
+
 # ---------------------------------------------------------------- debian.lock
 
 

@@ -173,6 +173,13 @@ class TestRuntimeImage:
         stored = json.loads(smoke_result.path.read_text())
         assert stored["image_id"] == smoke_result.image_id and stored["status"] == smoke_result.report["status"]
 
+    def test_a_merged_usr_base_has_usr_is_merged_and_not_usrmerge(self, image: BuiltCell) -> None:
+        # usrmerge would pull perl (about 45 MB) into every image of the base.
+        if "merged-usr" not in image.cell.base.hooks:
+            pytest.skip(f"base {image.cell.base.name} is bootstrapped without mmdebstrap's merged-usr hook")
+        installed = image.run("dpkg-query", "--show", "--showformat", "${Package}\n").split()
+        assert "usr-is-merged" in installed and "usrmerge" not in installed
+
     def test_labels_carry_the_versions_the_lock_resolved(self, image: BuiltCell) -> None:
         labels = image.client.images.get(image.image_id).labels
         facts = lock.lock_facts(lock.Lockfile.read(image.cell.directory / lock.STACK_LOCK))
