@@ -9,7 +9,8 @@ this machine's GPU path reads them. It deletes files, so never run it on a machi
 
     python3 benchmarks/apply_layout_prunes.py --yes-this-machine-is-disposable
 
-Needs PyYAML (on the GPU machine's image); standard library otherwise.
+The layout is read by the builder's own validating loader (builder.spec.layout, which needs
+only PyYAML, as the GPU machine's image has it); the rest is the standard library.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ import sysconfig
 from pathlib import Path
 from types import ModuleType
 
-import yaml
-
 ROOT = Path(__file__).resolve().parent.parent
-LAYOUT = ROOT / "data" / "layout.yaml"
+sys.path.insert(0, str(ROOT))  # the GPU machine has the checkout, not the installed builder
+
+from builder.spec import layout  # noqa: E402
+
 PRUNE_SCRIPT = ROOT / "templates" / "scripts" / "prune-paths.py"
 
 
@@ -38,16 +40,16 @@ def load_prune_script() -> ModuleType:
     return module
 
 
-def remove_dpkg_files(entries: list[dict[str, list[str]]]) -> None:
-    for entry in entries:
-        keep = entry.get("keep", [])
-        for pattern in entry["exclude"]:
-            files = [p for p in glob.glob(pattern) if os.path.isfile(p) and not os.path.islink(p)]
-            files = [p for p in files if not any(fnmatch.fnmatch(p, k) for k in keep)]
-            freed = sum(os.path.getsize(p) for p in files)
-            for path in files:
-                os.remove(path)
-            print(f"dpkg exclude {pattern}: {len(files)} files on this machine, {freed / 1e6:.1f} MB")
+def remove_dpkg_files(dpkg_lines: tuple[str, ...]) -> None:
+    """Delete the files each path-exclude glob names, except those a path-include keeps."""
+    keep = [line.split("=", 1)[1] for line in dpkg_lines if line.startswith("path-include=")]
+    for pattern in (line.split("=", 1)[1] for line in dpkg_lines if line.startswith("path-exclude=")):
+        files = [p for p in glob.glob(pattern) if os.path.isfile(p) and not os.path.islink(p)]
+        files = [p for p in files if not any(fnmatch.fnmatch(p, k) for k in keep)]
+        freed = sum(os.path.getsize(p) for p in files)
+        for path in files:
+            os.remove(path)
+        print(f"dpkg exclude {pattern}: {len(files)} files on this machine, {freed / 1e6:.1f} MB")
 
 
 def main() -> int:
@@ -55,11 +57,11 @@ def main() -> int:
         print(__doc__.split("\n\n")[0], file=sys.stderr)
         print("usage: apply_layout_prunes.py --yes-this-machine-is-disposable (it deletes files)", file=sys.stderr)
         return 2
-    layout = yaml.safe_load(LAYOUT.read_text())
+    shipped = layout.load()
     site_packages = sysconfig.get_paths()["purelib"]
     print(f"pruning {site_packages} as data/layout.yaml says")
-    load_prune_script().main(site_packages, [p for entry in layout["prune"] for p in entry["paths"]])
-    remove_dpkg_files(layout.get("dpkg", []))
+    load_prune_script().main(site_packages, list(shipped.prune))
+    remove_dpkg_files(shipped.dpkg)
     return 0
 
 

@@ -72,17 +72,25 @@ def test_lock_subset_prints_the_named_entries_with_their_hashes_and_refuses_unkn
     assert missing.returncode != 0 and "numpy" in missing.stderr
 
 
-def test_prune_paths_removes_what_the_patterns_name_and_nothing_else(tmp_path: Path) -> None:
+def _left_after_pruning(tmp_path: Path, files: list[str], patterns: list[str]) -> list[str]:
+    """Files left in a site-packages holding `files` once the images' prune script has run."""
     site = tmp_path / "site-packages"
-    for path in ["triton/backends/amd/lib.so", "triton/backends/nvidia/lib/cupti/libcupti_static.a",
-                 "triton/backends/nvidia/lib/cupti/libcupti.so", "numpy/_core/tests/test_x.py",
-                 "numpy/tests/test_y.py", "numpy/_core/multiarray.py"]:  # fmt: skip
+    for path in files:
         (site / path).parent.mkdir(parents=True, exist_ok=True)
         (site / path).write_bytes(b"x" * 10)
-    patterns = ["triton/backends/amd", "triton/backends/nvidia/lib/cupti*/*_static.a", "numpy/**/tests"]
     subprocess.run([sys.executable, str(SCRIPTS / "prune-paths.py"), str(site), *patterns], check=True)
-    left = sorted(str(p.relative_to(site)) for p in site.rglob("*") if p.is_file())
-    assert left == ["numpy/_core/multiarray.py", "triton/backends/nvidia/lib/cupti/libcupti.so"]
+    return sorted(str(p.relative_to(site)) for p in site.rglob("*") if p.is_file())
+
+
+def test_prune_paths_removes_what_the_patterns_name_and_nothing_else(tmp_path: Path) -> None:
+    files = ["triton/backends/amd/lib.so", "triton/backends/nvidia/lib/cupti/libcupti_static.a",
+             "triton/backends/nvidia/lib/cupti/libcupti.so", "numpy/_core/tests/test_x.py",
+             "numpy/tests/test_y.py", "numpy/_core/multiarray.py"]  # fmt: skip
+    patterns = ["triton/backends/amd", "triton/backends/nvidia/lib/cupti*/*_static.a", "numpy/**/tests"]
+    assert _left_after_pruning(tmp_path, files, patterns) == [
+        "numpy/_core/multiarray.py",
+        "triton/backends/nvidia/lib/cupti/libcupti.so",
+    ]
 
 
 # Files a runtime opens: `import triton` imports every backend its entry points name (AMD's
@@ -102,13 +110,8 @@ NEVER_OPENED = [
 
 
 def test_the_shipped_prune_list_keeps_what_a_runtime_opens_and_removes_the_rest(tmp_path: Path) -> None:
-    site = tmp_path / "site-packages"
-    for path in OPENED_AT_RUNTIME + NEVER_OPENED:
-        (site / path).parent.mkdir(parents=True, exist_ok=True)
-        (site / path).write_bytes(b"x")
-    script = str(SCRIPTS / "prune-paths.py")
-    subprocess.run([sys.executable, script, str(site), *layout.load().prune], check=True, capture_output=True)
-    assert sorted(str(p.relative_to(site)) for p in site.rglob("*") if p.is_file()) == sorted(OPENED_AT_RUNTIME)
+    left = _left_after_pruning(tmp_path, OPENED_AT_RUNTIME + NEVER_OPENED, list(layout.load().prune))
+    assert left == sorted(OPENED_AT_RUNTIME)
 
 
 def test_sizes_are_reported_by_package_in_site_packages_and_by_folder_elsewhere() -> None:
