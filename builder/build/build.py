@@ -9,6 +9,7 @@ steps reach the wheelhouse on loopback; wheel files never enter the build contex
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
 from builder.render import render, served
 from builder.repro import normalize as repro
+from builder.spec import layout
 from builder.spec import platform as platforms
 
 BUILD_ID_LABEL = "io.torch-images.build-id"
@@ -88,7 +90,7 @@ def offer_inputs(house: wheelhouse.Wheelhouse, grid: Matrix, locks: CellLocks) -
     house.prepare(locks.cell, grid, locks.python_locks)
     house.publish_files(served.SUPPORT_FILES)
     assert locks.debian is not None  # preflight refuses a cell without its debian.lock
-    for packages in (locks.debian.common, locks.debian.flavor):
+    for packages in (locks.debian.common, render.flavor_step_pins(locks)):
         aptrepo.publish(house, locks.cell.base, locks.debian.files_of(packages))
 
 
@@ -98,14 +100,20 @@ def cell_base(
     cell: Cell,
     report: Report = print,
     house: wheelhouse.Wheelhouse | None = None,
+    slim: bool = True,
 ) -> str:
     """The engine's tag of the base the cell builds on: bootstrapped from debian.lock's `base`
-    packages (fetched into the cache, or already there) when the engine lacks it."""
+    packages (fetched into the cache, or already there) when the engine lacks it, leaving out
+    what data/layout.yaml's dpkg rules leave out of every image (slim=False keeps it all: the
+    size benchmark's stand-in for the distro's own full image)."""
     pins = preflight(cell, grid).debian
     assert pins is not None  # preflight refuses a cell without its debian.lock
     files = pins.files_of(pins.base)
     where = served.apt_repository(files)
+    dpkg = layout.load().dpkg_for(None) if slim else ()
     key = where.rstrip("/").rsplit("/", 1)[-1]
+    if dpkg:
+        key += "-" + hashlib.sha256("\n".join(dpkg).encode()).hexdigest()[:8]
     found = bases.present_locked(engine, cell.base, key)
     if found is not None:
         return found
@@ -114,7 +122,7 @@ def cell_base(
     aptrepo.publish(house, cell.base, files)
     with wheelserver.serve(house, grid.spec.wheelhouse.listen) as url:
         names = tuple(pin.split("=", 1)[0] for pin in pins.base)
-        packages = bases.LockedPackages(names, aptrepo.sources_line(url, where), key)
+        packages = bases.LockedPackages(names, aptrepo.sources_line(url, where), key, dpkg)
         return bases.bootstrap_locked(engine, cell.base, packages, grid.spec.source_date_epoch, report)
 
 

@@ -61,7 +61,10 @@ class LockedPackages:
 
     names: tuple[str, ...]  # every package the base holds
     sources_line: str  # "deb [trusted=yes] http://127.0.0.1:8741/ apt/<key>/"
-    key: str  # names the set: the base image's engine tag ends with it
+    key: str  # names the set (and the paths left out): the base image's engine tag ends with it
+    # dpkg path-exclude/path-include lines the bootstrap applies (data/layout.yaml's, validated):
+    # the base leaves out documentation and translations as debian:bookworm-slim does.
+    dpkg: tuple[str, ...] = ()
 
 
 def locked_tag(base: BaseImage, key: str) -> str:
@@ -123,10 +126,15 @@ def _run_locked_bootstrap(base: BaseImage, packages: LockedPackages, epoch: int,
         'dpkg-query --admindir="$1/var/lib/dpkg" --search "${key#"$1"}" >/dev/null 2>&1 || rm -f "$key"; done'
     )
     extra = [] if base.arch == emulation.host_architecture() else [f"--architectures={base.arch}"]
+    # mmdebstrap keeps --dpkgopt lines in 99mmdebstrap; the images' first apt step writes the
+    # same exclusions as /etc/dpkg/dpkg.cfg.d/torch-images, their one place.
+    dpkg = [f"--dpkgopt={line}" for line in packages.dpkg]
+    forget_dpkgopt = 'rm -f "$1/etc/dpkg/dpkg.cfg.d/99mmdebstrap"'
     command = [
         "mmdebstrap", f"--variant={base.variant}", f"--mode={'root' if os.geteuid() == 0 else 'unshare'}",
-        "--format=tar", f"--include={','.join(packages.names)}", *extra, *hook_options(base),
-        f"--customize-hook={own_sources}", f"--customize-hook={own_keys}", "--quiet",
+        "--format=tar", f"--include={','.join(packages.names)}", *extra, *hook_options(base), *dpkg,
+        f"--customize-hook={own_sources}", f"--customize-hook={own_keys}", f"--customize-hook={forget_dpkgopt}",
+        "--quiet",
         base.suite, str(rootfs), packages.sources_line,
     ]  # fmt: skip
     result = subprocess.run(

@@ -16,7 +16,14 @@ from builder.lock.requirements import Lockfile
 # Helper scripts that RUN steps fetch from the wheelhouse server (see partials/fetch.j2).
 SUPPORT_FILES = tuple(
     paths.TEMPLATES / "scripts" / name
-    for name in ("settle-layer.sh", "hardlink-duplicates.py", "link-cuda-home.sh", "lock-subset.py", "prune-paths.py")
+    for name in (
+        "settle-layer.sh",
+        "hardlink-duplicates.py",
+        "link-cuda-home.sh",
+        "lock-subset.py",
+        "prune-paths.py",
+        "owners-of.sh",
+    )
 )
 
 

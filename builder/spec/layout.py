@@ -12,7 +12,7 @@ from typing import Any
 
 from builder import paths
 from builder.errors import UserError
-from builder.spec import grammar, yamlsource
+from builder.spec import flavor, grammar, yamlsource
 
 LAYOUT_FILE = paths.DATA / "layout.yaml"
 REST = "rest"
@@ -32,10 +32,43 @@ class Group:
 
 
 @dataclass(frozen=True)
+class DpkgRule:
+    """Paths dpkg does not unpack (path-exclude), with exceptions (path-include)."""
+
+    exclude: tuple[str, ...]  # absolute path globs
+    keep: tuple[str, ...] = ()
+    kept_by: tuple[str, ...] = ()  # flavors whose own layer installs these files again
+
+    def lines(self) -> list[str]:
+        return [f"path-exclude={p}" for p in self.exclude] + [f"path-include={p}" for p in self.keep]
+
+
+@dataclass(frozen=True)
 class Layout:
     groups: tuple[Group, ...]
     prune: tuple[str, ...]  # glob patterns under site-packages
-    dpkg: tuple[str, ...] = ()  # dpkg.cfg lines: path-exclude=..., path-include=...
+    rules: tuple[DpkgRule, ...] = ()
+
+    @property
+    def dpkg(self) -> tuple[str, ...]:
+        """Every dpkg.cfg line (path-exclude=..., path-include=...): what the shared system layer
+        leaves out, in every flavor."""
+        return tuple(line for rule in self.rules for line in rule.lines())
+
+    def dpkg_for(self, flavor: str | None) -> tuple[str, ...]:
+        """The lines an image of this flavor keeps once its own layer has restored what it keeps;
+        for the base (flavor None), the lines no flavor restores: a restore reinstalls packages
+        from the image's own repository, which holds the base's files only as they are."""
+        return tuple(
+            line
+            for rule in self.rules
+            if (flavor not in rule.kept_by if flavor is not None else not rule.kept_by)
+            for line in rule.lines()
+        )
+
+    def restored_by(self, flavor: str) -> tuple[str, ...]:
+        """The exclude globs whose files this flavor's own layer installs again."""
+        return tuple(glob for rule in self.rules if flavor in rule.kept_by for glob in rule.exclude)
 
     def split(self, packages: list[str]) -> list[tuple[str, list[str]]]:
         """The lock's packages by layer, in install order; groups without a package are left out."""
@@ -80,23 +113,30 @@ def _checked(path: Path, data: Any) -> Layout:
             if not PRUNE_PATH.fullmatch(pattern):
                 raise _fail(path, f"{where}.paths", f"{pattern!r} is not a path under site-packages such as triton/x")
             prune.append(pattern)
-    return Layout(tuple(groups), tuple(prune), tuple(_dpkg_lines(path, data.get("dpkg") or [])))
+    return Layout(tuple(groups), tuple(prune), tuple(_dpkg_rules(path, data.get("dpkg") or [])))
 
 
-def _dpkg_lines(path: Path, entries: list[Any]) -> list[str]:
-    lines = []
+def _dpkg_rules(path: Path, entries: list[Any]) -> list[DpkgRule]:
+    rules = []
+    flavors = set(flavor.load().flavors)
     for i, entry in enumerate(entries):
         where = f"dpkg[{i}]"
-        if not isinstance(entry, dict) or not {"exclude", "why"} <= set(entry) <= {"exclude", "keep", "why"}:
-            raise _fail(path, where, "each entry has exclude and why (the reason), and may have keep")
-        for key, directive in (("exclude", "path-exclude"), ("keep", "path-include")):
-            for pattern in _strings(path, f"{where}.{key}", entry[key]) if key in entry else []:
+        if not isinstance(entry, dict) or not {"exclude", "why"} <= set(entry) <= {"exclude", "keep", "why", "kept_by"}:
+            raise _fail(path, where, "each entry has exclude and why (the reason), and may have keep and kept_by")
+        globs: dict[str, tuple[str, ...]] = {}
+        for key in ("exclude", "keep"):
+            globs[key] = tuple(_strings(path, f"{where}.{key}", entry[key]) if key in entry else [])
+            for pattern in globs[key]:
                 if not DPKG_PATH.fullmatch(pattern):
                     raise _fail(
                         path, f"{where}.{key}", f"{pattern!r} is not an absolute path glob such as /usr/share/doc/*"
                     )
-                lines.append(f"{directive}={pattern}")
-    return lines
+        kept_by = tuple(_strings(path, f"{where}.kept_by", entry["kept_by"]) if "kept_by" in entry else [])
+        for name in kept_by:
+            if name not in flavors:
+                raise _fail(path, f"{where}.kept_by", f"{name!r} is not a flavor; write one of {sorted(flavors)}")
+        rules.append(DpkgRule(globs["exclude"], globs["keep"], kept_by))
+    return rules
 
 
 @cache

@@ -26,6 +26,8 @@ RUN mkdir -p /tmp/apt/lists/partial /tmp/apt/cache/archives/partial /tmp/apt/sou
       'path-exclude=/usr/share/info/*' \
       'path-exclude=/usr/share/lintian/*' \
       'path-exclude=/usr/share/locale/*' \
+      'path-exclude=/usr/lib/gcc/*-linux-gnu/*/lto1' \
+      'path-exclude=/usr/lib/*-linux-gnu/lib*san.so.*' \
       'path-exclude=/usr/bin/*-linux-gnu-lto-dump-*' \
       'path-exclude=/usr/lib/*-linux-gnu/libc.a' \
       'path-exclude=/usr/lib/gcc/*-linux-gnu/*/libstdc++.a' \
@@ -186,13 +188,36 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 
 # ---- flavor devel: the CUDA compiler and headers from NVIDIA's wheels, inspection tools --
-# htop, gdb, git, make, procps, less, pinned with their dependencies by debian.lock.
+# htop, gdb, git, make, procps, less, pinned with their dependencies by debian.lock; and
+# again the packages of the files data/layout.yaml leaves out of the shared layer but this flavor keeps.
 RUN mkdir -p /tmp/apt/lists/partial /tmp/apt/cache/archives/partial /tmp/apt/sources.list.d \
- && echo 'deb [trusted=yes] http://127.0.0.1:8741/ apt/6bd192ca0d82a0ef/' > /tmp/apt/sources.list \
+ && echo 'deb [trusted=yes] http://127.0.0.1:8741/ apt/af3dffae2f48fc8f/' > /tmp/apt/sources.list \
+ && python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
+      http://127.0.0.1:8741/files/af2e89ab4a7b69dc/owners-of.sh /tmp/owners-of.sh \
+ && echo "af2e89ab4a7b69dc9afe8cd5f8f2295961b4c94acb2e5392ff45564589a32f00  /tmp/owners-of.sh" | sha256sum --check --quiet \
+ && printf '%s\n' \
+      'path-exclude=/usr/share/doc/*' \
+      'path-include=/usr/share/doc/*/copyright' \
+      'path-exclude=/usr/share/man/*' \
+      'path-exclude=/usr/share/info/*' \
+      'path-exclude=/usr/share/lintian/*' \
+      'path-exclude=/usr/share/locale/*' \
+      'path-exclude=/usr/bin/*-linux-gnu-lto-dump-*' \
+      'path-exclude=/usr/lib/*-linux-gnu/libc.a' \
+      'path-exclude=/usr/lib/gcc/*-linux-gnu/*/libstdc++.a' \
+      'path-exclude=/usr/lib/python3*/config-*/libpython3*.a' \
+      'path-exclude=/usr/lib/*-linux-gnu/libpython3*.a' \
+      'path-exclude=/usr/lib/gcc/*-linux-gnu/*/lib*san.a' \
+      > /etc/dpkg/dpkg.cfg.d/torch-images \
  && apt-get -o Dir::Etc::SourceList=/tmp/apt/sources.list -o Dir::Etc::SourceParts=/tmp/apt/sources.list.d -o Dir::State::Lists=/tmp/apt/lists -o Dir::Cache=/tmp/apt/cache update \
  && apt-get -o Dir::Etc::SourceList=/tmp/apt/sources.list -o Dir::Etc::SourceParts=/tmp/apt/sources.list.d -o Dir::State::Lists=/tmp/apt/lists -o Dir::Cache=/tmp/apt/cache \
       install -y --no-install-recommends \
       htop=3.2.2-2 \
+ && owners=$(sh /tmp/owners-of.sh \
+      '/usr/lib/gcc/*-linux-gnu/*/lto1' \
+      '/usr/lib/*-linux-gnu/lib*san.so.*' \
+      ) \
+ && apt-get -o Dir::Etc::SourceList=/tmp/apt/sources.list -o Dir::Etc::SourceParts=/tmp/apt/sources.list.d -o Dir::State::Lists=/tmp/apt/lists -o Dir::Cache=/tmp/apt/cache install -y --no-install-recommends --reinstall $owners \
  && sh /opt/torch-images/settle-layer.sh
 RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
       http://127.0.0.1:8741/locks/0c23c7684652b8db/flavor.lock /tmp/flavor.lock \

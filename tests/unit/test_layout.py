@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +47,8 @@ def test_a_cpu_stack_skips_the_groups_it_has_no_package_for() -> None:
         ("layers: []\nprune: []\ndpkg:\n  - {exclude: ['/usr/share/doc/*\\n RUN x'], why: y}\n", "absolute path glob"),
         ("layers: []\nprune: []\ndpkg:\n  - {exclude: [usr/share/doc], why: y}\n", "absolute path glob"),
         ("layers: []\nprune: []\ndpkg:\n  - {exclude: ['/usr/share/doc/*']}\n", "exclude and why"),
+        ("layers: []\nprune: []\ndpkg:\n  - {exclude: ['/x'], why: y, kept_by: ['devel; rm -rf /']}\n", "not a flavor"),
+        ("layers: []\nprune: []\ndpkg:\n  - {exclude: ['/x'], why: y, kept_by: [nightly]}\n", "not a flavor"),
     ],
 )
 def test_a_layout_entry_that_could_reach_a_dockerfile_unchecked_is_refused(
@@ -122,3 +125,27 @@ def test_sizes_are_reported_by_package_in_site_packages_and_by_folder_elsewhere(
     nvidia = "opt/venv/lib/python3.11/site-packages/nvidia/cudnn/lib/libcudnn.so.9"
     assert size.part_of(nvidia) == "site-packages/nvidia/cudnn"
     assert size.human(5_640_000_000) == "5.64 GB" and size.human(999) == "999 B"
+
+
+def test_the_base_and_a_flavor_that_keeps_a_rule_leave_it_out_of_their_dpkg_lines(tmp_path: Path) -> None:
+    path = tmp_path / "layout.yaml"
+    path.write_text(
+        "layers: []\nprune: []\ndpkg:\n"
+        "  - {exclude: ['/usr/share/doc/*'], keep: ['/usr/share/doc/*/copyright'], why: docs}\n"
+        "  - {exclude: ['/usr/lib/gcc/*/lto1'], kept_by: [devel], why: lto}\n"
+    )
+    rules = layout.load.__wrapped__(path)
+    docs = ("path-exclude=/usr/share/doc/*", "path-include=/usr/share/doc/*/copyright")
+    assert rules.dpkg == (*docs, "path-exclude=/usr/lib/gcc/*/lto1")  # the shared layer leaves both out
+    assert rules.dpkg_for("runtime") == rules.dpkg
+    assert rules.dpkg_for("devel") == rules.dpkg_for(None) == docs
+    assert rules.restored_by("devel") == ("/usr/lib/gcc/*/lto1",) and rules.restored_by("runtime") == ()
+
+
+@pytest.mark.skipif(shutil.which("dpkg-query") is None, reason="needs dpkg's database (a Debian or Ubuntu host)")
+def test_owners_of_names_the_packages_of_matching_files_and_fails_on_a_glob_nothing_owns() -> None:
+    script = str(SCRIPTS / "owners-of.sh")
+    found = subprocess.run(["sh", script, "/usr/bin/dpkg-quer*", "/usr/bin/dpkg"], capture_output=True, text=True)
+    assert found.returncode == 0 and found.stdout == "dpkg\n", found.stderr
+    missing = subprocess.run(["sh", script, "/usr/bin/dpkg", "/nowhere/*"], capture_output=True, text=True)
+    assert missing.returncode != 0 and "no package owns /nowhere/*" in missing.stderr

@@ -32,6 +32,15 @@ class TestDevelImage(runtime.TestRuntimeImage):
         )
         assert image.run("python", "-c", program).strip().splitlines()[-1] == "6.0"
 
+    def test_gcc_builds_with_link_time_optimization_and_sanitizers_in_devel(self, image: BuiltCell) -> None:
+        # The shared layer leaves out lto1 and the sanitizer runtimes; devel installs them again.
+        script = (
+            "cd /tmp && printf 'int main(void) { return 0; }\\n' > a.c"
+            " && gcc -O2 -flto a.c -o lto && ./lto"
+            " && gcc -fsanitize=address,undefined a.c -o san && ASAN_OPTIONS=detect_leaks=0 ./san && echo built"
+        )
+        assert image.run("sh", "-c", script).strip().splitlines()[-1] == "built"
+
     # What nvcc links by default (libcudart_static.a, libcudadevrt.a) must be in CUDA_HOME, or a
     # plain `nvcc k.cu` fails to link. No GPU is needed to compile and link.
     CUDA_PROGRAM = (

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import fnmatch
 import functools
 import hashlib
 import http.server
@@ -25,6 +26,7 @@ import pytest
 
 from builder.build import build, smoke
 from builder.lock import requirements as lock
+from builder.spec import layout
 from tests import image_checks
 from tests.integration.conftest import BuiltCell, smoke_of
 
@@ -92,6 +94,16 @@ def _is_locked_torch(reported: str, locked: str) -> bool:
     """PyPI's CUDA wheels report a local tag (2.15.0+cu132) their metadata version (2.15.0), which
     the lock pins, lacks; a lock that pins a local version (2.13.0+cpu) must match it exactly."""
     return reported == locked if "+" in locked else reported.split("+")[0] == locked
+
+
+def dpkg_excludes(lines: tuple[str, ...], path: str) -> bool:
+    """Whether dpkg leaves `path` out under these path-exclude/path-include lines (fnmatch, where
+    `*` also matches `/`, as dpkg matches; an include wins)."""
+    matched = {
+        d: any(fnmatch.fnmatchcase(path, line.split("=", 1)[1]) for line in lines if line.startswith(d))
+        for d in ("path-exclude=", "path-include=")
+    }
+    return matched["path-exclude="] and not matched["path-include="]
 
 
 class TestRuntimeImage:
@@ -179,6 +191,29 @@ class TestRuntimeImage:
             pytest.skip(f"base {image.cell.base.name} is bootstrapped without mmdebstrap's merged-usr hook")
         installed = image.run("dpkg-query", "--show", "--showformat", "${Package}\n").split()
         assert "usr-is-merged" in installed and "usrmerge" not in installed
+
+    def test_what_the_layout_leaves_out_is_absent_and_what_the_flavor_keeps_is_there(self, image: BuiltCell) -> None:
+        # The base is bootstrapped with the same rules, so this holds for its files too.
+        rules = layout.load()
+        assert image.run("cat", "/etc/dpkg/dpkg.cfg.d/torch-images").splitlines() == list(
+            rules.dpkg_for(image.cell.flavor)
+        )
+        assert image.run("ls", "/etc/dpkg/dpkg.cfg.d/").split() == ["torch-images"]
+        # The regular files dpkg unpacked (its lists still name the excluded ones; it keeps the
+        # symlinks an excluded path names, doc/<pkg> -> <other>, and triggers write files such
+        # as info/dir that no package owns).
+        listing = image.run(
+            "sh",
+            "-c",
+            "cat /var/lib/dpkg/info/*.list | sort -u"
+            ' | while read -r f; do [ -f "$f" ] && [ ! -L "$f" ] && echo "$f"; done; true',
+        )
+        files = listing.splitlines()
+        assert len(files) > 1000, listing[-500:]
+        left_out = [f for f in files if dpkg_excludes(rules.dpkg_for(image.cell.flavor), f)]
+        assert left_out == [], f"files the layout leaves out: {left_out[:10]}"
+        for glob in rules.restored_by(image.cell.flavor):
+            assert any(fnmatch.fnmatchcase(f, glob) for f in files), f"{glob}: nothing there, the flavor keeps it"
 
     def test_labels_carry_the_versions_the_lock_resolved(self, image: BuiltCell) -> None:
         labels = image.client.images.get(image.image_id).labels
