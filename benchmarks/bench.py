@@ -600,7 +600,7 @@ def main(argv: list[str] | None = None) -> int:
         table.add_column(column)
     for row in rows:
         verdict = "-" if row.ok is None else ("yes" if row.ok else "NO")
-        ratio = f"{row.ratio:.2f}" if row.ratio is not None else "-"
+        ratio = f"{row.ratio:.3f}" if row.ratio is not None else "-"
         table.add_row(row.name, row.measured, row.reference, ratio, row.target, verdict)
     console.print(table)
     missed = [row.name for row in rows if row.ok is False]
