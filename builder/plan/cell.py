@@ -10,6 +10,10 @@ from builder.facts.compat import TorchBuild
 from builder.spec import platform as platforms
 from builder.spec.schema import KeyringSpec
 
+# The file in a cell's folder that names the image ID its build is expected to give: written by
+# the repro stage (repro/recorded.py), and among the files render keeps or removes with the cell.
+RECORDED_IMAGE_ID_FILE = "image-id"
+
 
 @dataclass(frozen=True)
 class BaseImage:
@@ -74,7 +78,7 @@ class Cell:
 
     @property
     def directory(self) -> Path:
-        """Where the cell's locks, Dockerfile and spec.json live."""
+        """Where the cell's locks, Dockerfile, spec.json and recorded image ID live."""
         return (self.images_root or Path("images")) / self.name
 
     @property

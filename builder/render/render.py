@@ -20,10 +20,9 @@ from builder.lock import debian as debs
 from builder.lock import inputs
 from builder.lock import requirements as lock
 from builder.lock.inputs import CellLocks
-from builder.plan.cell import Cell
+from builder.plan.cell import RECORDED_IMAGE_ID_FILE, Cell
 from builder.plan.matrix import Matrix
 from builder.render import served
-from builder.repro import recorded
 from builder.spec import flavor, grammar, layout
 
 TEMPLATES = paths.TEMPLATES
@@ -213,7 +212,7 @@ def remove_orphans(grid: Matrix) -> list[Path]:
     Only folders that look generated (every file one that `lock`, `render` or `verify-repro --record`
     writes) are removed; anything else is left for the user and still reported by `render --check`.
     """
-    generated = {"Dockerfile", "spec.json", lock.STACK_LOCK, lock.FLAVOR_LOCK, debs.DEBIAN_LOCK, recorded.IMAGE_ID}
+    generated = {"Dockerfile", "spec.json", lock.STACK_LOCK, lock.FLAVOR_LOCK, debs.DEBIAN_LOCK, RECORDED_IMAGE_ID_FILE}
     removed = []
     for directory in orphan_dirs(grid):
         entries = list(directory.iterdir())

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.errors import Location, UserError
-from builder.plan.cell import Cell
+from builder.plan.cell import RECORDED_IMAGE_ID_FILE, Cell
 from builder.spec import grammar
 
-IMAGE_ID = "image-id"
+IMAGE_ID = RECORDED_IMAGE_ID_FILE
 # The builder's default path gives the recorded image: the classic builder, then normalization.
 RECORDED_PATH = ("sdk", True)
 
