@@ -27,6 +27,7 @@ RUN mkdir -p /tmp/apt/lists/partial /tmp/apt/cache/archives/partial /tmp/apt/sou
       'path-exclude=/usr/share/lintian/*' \
       'path-exclude=/usr/share/locale/*' \
       'path-exclude=/usr/lib/gcc/*-linux-gnu/*/lto1' \
+      'path-exclude=/usr/libexec/gcc/*-linux-gnu/*/lto1' \
       'path-exclude=/usr/lib/*-linux-gnu/lib*san.so.*' \
       'path-exclude=/usr/bin/*-linux-gnu-lto-dump-*' \
       'path-exclude=/usr/lib/*-linux-gnu/libc.a' \
@@ -193,8 +194,8 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
 RUN mkdir -p /tmp/apt/lists/partial /tmp/apt/cache/archives/partial /tmp/apt/sources.list.d \
  && echo 'deb [trusted=yes] http://127.0.0.1:8741/ apt/af3dffae2f48fc8f/' > /tmp/apt/sources.list \
  && python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
-      http://127.0.0.1:8741/files/af2e89ab4a7b69dc/owners-of.sh /tmp/owners-of.sh \
- && echo "af2e89ab4a7b69dc9afe8cd5f8f2295961b4c94acb2e5392ff45564589a32f00  /tmp/owners-of.sh" | sha256sum --check --quiet \
+      http://127.0.0.1:8741/files/0eae9eab0b966e3d/owners-of.sh /tmp/owners-of.sh \
+ && echo "0eae9eab0b966e3dfddd7e968a6fa27ec2873f7976806d9e3b38bbd020c7344b  /tmp/owners-of.sh" | sha256sum --check --quiet \
  && printf '%s\n' \
       'path-exclude=/usr/share/doc/*' \
       'path-include=/usr/share/doc/*/copyright' \
@@ -215,6 +216,7 @@ RUN mkdir -p /tmp/apt/lists/partial /tmp/apt/cache/archives/partial /tmp/apt/sou
       htop=3.2.2-2 \
  && owners=$(sh /tmp/owners-of.sh \
       '/usr/lib/gcc/*-linux-gnu/*/lto1' \
+      '/usr/libexec/gcc/*-linux-gnu/*/lto1' \
       '/usr/lib/*-linux-gnu/lib*san.so.*' \
       ) \
  && apt-get -o Dir::Etc::SourceList=/tmp/apt/sources.list -o Dir::Etc::SourceParts=/tmp/apt/sources.list.d -o Dir::State::Lists=/tmp/apt/lists -o Dir::Cache=/tmp/apt/cache install -y --no-install-recommends --reinstall $owners \

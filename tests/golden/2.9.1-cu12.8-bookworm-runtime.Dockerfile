@@ -27,6 +27,7 @@ RUN mkdir -p /tmp/apt/lists/partial /tmp/apt/cache/archives/partial /tmp/apt/sou
       'path-exclude=/usr/share/lintian/*' \
       'path-exclude=/usr/share/locale/*' \
       'path-exclude=/usr/lib/gcc/*-linux-gnu/*/lto1' \
+      'path-exclude=/usr/libexec/gcc/*-linux-gnu/*/lto1' \
       'path-exclude=/usr/lib/*-linux-gnu/lib*san.so.*' \
       'path-exclude=/usr/bin/*-linux-gnu-lto-dump-*' \
       'path-exclude=/usr/lib/*-linux-gnu/libc.a' \

@@ -143,9 +143,11 @@ def test_the_base_and_a_flavor_that_keeps_a_rule_leave_it_out_of_their_dpkg_line
 
 
 @pytest.mark.skipif(shutil.which("dpkg-query") is None, reason="needs dpkg's database (a Debian or Ubuntu host)")
-def test_owners_of_names_the_packages_of_matching_files_and_fails_on_a_glob_nothing_owns() -> None:
+def test_owners_of_names_the_packages_of_matching_files_and_fails_when_nothing_owns_any_glob() -> None:
     script = str(SCRIPTS / "owners-of.sh")
     found = subprocess.run(["sh", script, "/usr/bin/dpkg-quer*", "/usr/bin/dpkg"], capture_output=True, text=True)
     assert found.returncode == 0 and found.stdout == "dpkg\n", found.stderr
-    missing = subprocess.run(["sh", script, "/usr/bin/dpkg", "/nowhere/*"], capture_output=True, text=True)
-    assert missing.returncode != 0 and "no package owns /nowhere/*" in missing.stderr
+    one_missing = subprocess.run(["sh", script, "/nowhere/*", "/usr/bin/dpkg"], capture_output=True, text=True)
+    assert one_missing.returncode == 0 and one_missing.stdout == "dpkg\n", one_missing.stderr
+    missing = subprocess.run(["sh", script, "/nowhere/*", "/nor/here"], capture_output=True, text=True)
+    assert missing.returncode != 0 and "no package owns any of: /nowhere/* /nor/here" in missing.stderr
