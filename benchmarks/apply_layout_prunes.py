@@ -15,7 +15,6 @@ only PyYAML, as the GPU machine's image has it); the rest is the standard librar
 
 from __future__ import annotations
 
-import fnmatch
 import glob
 import importlib.util
 import os
@@ -40,12 +39,11 @@ def load_prune_script() -> ModuleType:
     return module
 
 
-def remove_dpkg_files(dpkg_lines: tuple[str, ...]) -> None:
-    """Delete the files each path-exclude glob names, except those a path-include keeps."""
-    keep = [line.split("=", 1)[1] for line in dpkg_lines if line.startswith("path-include=")]
-    for pattern in (line.split("=", 1)[1] for line in dpkg_lines if line.startswith("path-exclude=")):
+def remove_dpkg_files(rules: tuple[layout.DpkgRule, ...]) -> None:
+    """Delete the files each exclude glob names, except those an include glob keeps."""
+    for pattern in [g for rule in rules for g in rule.exclude]:
         files = [p for p in glob.glob(pattern) if os.path.isfile(p) and not os.path.islink(p)]
-        files = [p for p in files if not any(fnmatch.fnmatch(p, k) for k in keep)]
+        files = [p for p in files if layout.leaves_out(rules, p)]
         freed = sum(os.path.getsize(p) for p in files)
         for path in files:
             os.remove(path)
@@ -61,7 +59,7 @@ def main() -> int:
     site_packages = sysconfig.get_paths()["purelib"]
     print(f"pruning {site_packages} as data/layout.yaml says")
     load_prune_script().main(site_packages, list(shipped.prune))
-    remove_dpkg_files(shipped.dpkg)
+    remove_dpkg_files(shipped.rules)  # all of them: the runtime image's view
     return 0
 
 

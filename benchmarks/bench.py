@@ -285,8 +285,7 @@ def bench_size(grid: matrix.Matrix, results: list[build.BuildResult], push_pull:
     # and translations; our base leaves them out, as debian:bookworm-slim does): the same locked
     # packages bootstrapped without the layout's dpkg rules. The second row puts the naive
     # Dockerfile on our own base, so what the base alone saves is shown apart.
-    naive = _naive_size(grid, cell, slim_base=False)
-    naive_on_slim = _naive_size(grid, cell, slim_base=True)
+    naive, naive_on_slim = _naive_sizes(grid, cell)
     ratio = shipped.size_bytes / naive
     largest = max(size for _, size in shipped.layers)
     rows = [
@@ -337,33 +336,38 @@ def bench_size(grid: matrix.Matrix, results: list[build.BuildResult], push_pull:
     return rows + _push_and_pull(client, shipped.reference, build.cell_base(client, grid, cell, lambda _: None))
 
 
-def _naive_size(grid: matrix.Matrix, cell: Cell, slim_base: bool) -> int:
+def _naive_sizes(grid: matrix.Matrix, cell: Cell) -> tuple[int, int]:
+    """The naive image's size from the full base, then from the flagship's slim base: one
+    wheelhouse preparation and one server for both builds."""
     client = daemon.client()
     house = wheelhouse.Wheelhouse()
     locks = inputs.read(cell, grid)
     assert locks.stack is not None
     house.prepare(cell, grid, locks.python_locks)
-    base_reference = build.cell_base(client, grid, cell, lambda _: None, house, slim=slim_base)
+    base_references = [build.cell_base(client, grid, cell, lambda _: None, house, slim=slim) for slim in (False, True)]
     reference = "torch-images/bench:naive"
     listen = grid.spec.wheelhouse.listen
-    try:
-        with wheelserver.serve(house, listen):
-            image, _ = client.images.build(
-                path=str(NAIVE_DOCKERFILE.parent),
-                dockerfile=NAIVE_DOCKERFILE.name,
-                buildargs={
-                    "BASE_IMAGE": base_reference,
-                    "FIND_LINKS": f"http://{listen}/{served.lock_page(locks.stack)}",
-                    "TORCH": cell.torch.version,
-                },
-                tag=reference,
-                network_mode="host",
-                rm=True,
-                forcerm=True,
-            )
-        return int(image.attrs["Size"])
-    finally:
-        build.remove_image(client, reference)
+    sizes = []
+    with wheelserver.serve(house, listen):
+        for base_reference in base_references:
+            try:
+                image, _ = client.images.build(
+                    path=str(NAIVE_DOCKERFILE.parent),
+                    dockerfile=NAIVE_DOCKERFILE.name,
+                    buildargs={
+                        "BASE_IMAGE": base_reference,
+                        "FIND_LINKS": f"http://{listen}/{served.lock_page(locks.stack)}",
+                        "TORCH": cell.torch.version,
+                    },
+                    tag=reference,
+                    network_mode="host",
+                    rm=True,
+                    forcerm=True,
+                )
+                sizes.append(int(image.attrs["Size"]))
+            finally:
+                build.remove_image(client, reference)
+    return sizes[0], sizes[1]
 
 
 def _one_layer_copy(client: docker.DockerClient, reference: str, target: str) -> None:

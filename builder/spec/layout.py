@@ -55,16 +55,15 @@ class Layout:
         leaves out, in every flavor."""
         return tuple(line for rule in self.rules for line in rule.lines())
 
+    def rules_for(self, flavor: str | None) -> tuple[DpkgRule, ...]:
+        """The rules in force in an image of this flavor once its own layer has restored what it
+        keeps; for the base (flavor None), the rules no flavor restores: a restore reinstalls
+        packages from the image's own repository, which holds the base's files only as they are."""
+        return tuple(r for r in self.rules if (flavor not in r.kept_by if flavor is not None else not r.kept_by))
+
     def dpkg_for(self, flavor: str | None) -> tuple[str, ...]:
-        """The lines an image of this flavor keeps once its own layer has restored what it keeps;
-        for the base (flavor None), the lines no flavor restores: a restore reinstalls packages
-        from the image's own repository, which holds the base's files only as they are."""
-        return tuple(
-            line
-            for rule in self.rules
-            if (flavor not in rule.kept_by if flavor is not None else not rule.kept_by)
-            for line in rule.lines()
-        )
+        """The dpkg.cfg lines of rules_for(flavor)."""
+        return tuple(line for rule in self.rules_for(flavor) for line in rule.lines())
 
     def restored_by(self, flavor: str) -> tuple[str, ...]:
         """The exclude globs whose files this flavor's own layer installs again."""
@@ -78,6 +77,13 @@ class Layout:
             group = next((g for g in self.groups if any(fnmatch.fnmatchcase(name, p) for p in g.packages)), None)
             layers[group.name if group else REST].append(name)
         return [(name, members) for name, members in layers.items() if members]
+
+
+def leaves_out(rules: tuple[DpkgRule, ...], path: str) -> bool:
+    """Whether dpkg, under these rules, leaves `path` out: an exclude glob matches it and no
+    include glob does (fnmatch, where `*` also matches `/`, as dpkg matches)."""
+    excluded = any(fnmatch.fnmatchcase(path, glob) for rule in rules for glob in rule.exclude)
+    return excluded and not any(fnmatch.fnmatchcase(path, glob) for rule in rules for glob in rule.keep)
 
 
 def _fail(path: Path, where: str, message: str) -> UserError:

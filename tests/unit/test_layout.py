@@ -140,6 +140,9 @@ def test_the_base_and_a_flavor_that_keeps_a_rule_leave_it_out_of_their_dpkg_line
     assert rules.dpkg_for("runtime") == rules.dpkg
     assert rules.dpkg_for("devel") == rules.dpkg_for(None) == docs
     assert rules.restored_by("devel") == ("/usr/lib/gcc/*/lto1",) and rules.restored_by("runtime") == ()
+    assert layout.leaves_out(rules.rules, "/usr/share/doc/gcc/README.gz")
+    assert not layout.leaves_out(rules.rules, "/usr/share/doc/gcc/copyright")
+    assert not layout.leaves_out(rules.rules_for("devel"), "/usr/lib/gcc/x86_64-linux-gnu/12/lto1")
 
 
 @pytest.mark.skipif(shutil.which("dpkg-query") is None, reason="needs dpkg's database (a Debian or Ubuntu host)")
