@@ -21,6 +21,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def lock_entry(name: str, version: str, *hashes: str) -> str:
+    """One entry as `lock` writes it (uv's shape): the pin, then one hash a line."""
+    lines = [f"{name}=={version}", *(f"    --hash=sha256:{h}" for h in hashes)]
+    return " \\\n".join(lines) + "\n"
+
+
 def wheel(filename: str, requires_python: str = ">=3.9") -> WheelFile:
     return WheelFile(
         filename=filename,

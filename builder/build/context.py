@@ -16,10 +16,9 @@ def context_files(cell: Cell) -> dict[str, Path]:
     """The build context, by name in the context: the cell's Dockerfile and spec.json, and the
     self-test with its data. Named the same wherever the files live (a checkout, an installed
     package, a matrix elsewhere), as the rendered Dockerfile's COPY lines expect."""
-    directory = cell.directory
     return {
-        f"images/{cell.name}/Dockerfile": directory / "Dockerfile",
-        f"images/{cell.name}/spec.json": directory / "spec.json",
+        f"images/{cell.name}/Dockerfile": cell.file("Dockerfile"),
+        f"images/{cell.name}/spec.json": cell.file("spec.json"),
         "image/selftest.py": paths.SELFTEST,
         "image/gpu_peaks.json": paths.GPU_PEAKS,
     }

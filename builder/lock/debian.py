@@ -29,6 +29,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from builder import confined
 from builder.engine import bases
 from builder.errors import Location, UserError
 from builder.lock import aptindex
@@ -199,7 +200,7 @@ def lock_cells(cells: list[Cell], epoch: int, engine: docker.DockerClient) -> It
     memo = Memo()
     for cell in cells:
         resolved = resolve(engine, cell, epoch, memo)
-        path = lock_path(cell.directory)
+        path = cell.file(DEBIAN_LOCK)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(resolved.text(fingerprint(cell)))
+        confined.write_text(path, resolved.text(fingerprint(cell)))
         yield cell, path

@@ -7,6 +7,7 @@ digest computed once, instead of each stage reading the files again.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +45,8 @@ class CellLocks:
 
 
 def _if_present(path: Path, read: Callable[[Path], Read]) -> Read | None:
-    return read(path) if path.exists() else None
+    """None when there is nothing at `path`; a link there is read (and refused) by `read`."""
+    return read(path) if os.path.lexists(path) else None
 
 
 def read(cell: Cell, grid: Matrix) -> CellLocks:
@@ -55,10 +57,9 @@ def read(cell: Cell, grid: Matrix) -> CellLocks:
     torch or CUDA library than the cell's) raises a UserError naming the file and line: such a
     lock never reaches a Dockerfile or a build, and `lock --check` exits 2 on it.
     """
-    directory = cell.directory
-    stack = _if_present(directory / STACK_LOCK, Lockfile.read)
-    extras = _if_present(directory / FLAVOR_LOCK, Lockfile.read)
-    pins = _if_present(debian.lock_path(directory), debian.DebianLock.read)
+    stack = _if_present(cell.file(STACK_LOCK), Lockfile.read)
+    extras = _if_present(cell.file(FLAVOR_LOCK), Lockfile.read)
+    pins = _if_present(cell.file(debian.DEBIAN_LOCK), debian.DebianLock.read)
     return CellLocks(cell, stack, extras, pins, tuple(_problems(cell, grid, stack, extras, pins)))
 
 

@@ -29,9 +29,11 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from builder import confined
 from builder.errors import Location, UserError
 from builder.facts import pypi
 from builder.facts.compat import version_key
+from builder.lock import header
 from builder.lock.header import read_text, split, with_header
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
@@ -41,7 +43,6 @@ from builder.spec.env import expand_env
 
 STACK_LOCK = "requirements.lock"
 FLAVOR_LOCK = "flavor.lock"
-ENTRY = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+)(?P<hashes>(?:\s+--hash=sha256:\S+)*)")
 # The manylinux targets uv resolves for (see `uv pip compile --help`); a base with a newer
 # glibc is resolved for the newest of them, which only ever picks older wheels.
 UV_MANYLINUX = ["2.17", "2.28", *(f"2.{n}" for n in range(31, 41))]
@@ -66,8 +67,8 @@ class Lockfile:
     def read(cls, path: Path) -> Lockfile:
         """Read and validate every line; anything but comments and hashed pins is a UserError."""
         text = read_text(path)
-        header, _ = split(text)
-        return cls(path, header.fingerprint, parse_lock(text, path), header.content_matches, text)
+        fields, _ = split(text)
+        return cls(path, fields.fingerprint, parse_lock(text, path), fields.content_matches, text)
 
     @property
     def sha256(self) -> str:
@@ -79,59 +80,87 @@ class Lockfile:
         return next((p.version for n, p in sorted(self.packages.items()) if n.startswith(prefix)), None)
 
 
-def _logical_lines(text: str) -> Iterator[tuple[int, str]]:
-    """Lines with their backslash continuations joined, each with the number of its first line."""
-    pending, start = "", 0
-    for number, line in enumerate(text.splitlines(), 1):
-        if not pending:
-            start = number
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        yield start, pending + line
-        pending = ""
-    if pending:
-        yield start, pending
+# The only lines `lock` writes (uv pip compile --generate-hashes --no-header, and the header): a lock
+# is read by this grammar, line by line, and anything else is refused. pip's reader differs from any
+# other (a comment ending in a backslash joins the next line for some readers and not for pip; `#`
+# starts a comment only after whitespace; five pip versions, 20.3 to 25.1, are in the images), so
+# the builder does not try to read what pip would: it accepts only lines every reader reads alike.
+LOCK_ENTRY = re.compile(r"(?P<name>[a-z0-9][a-z0-9._-]*)==(?P<version>[A-Za-z0-9.!+_-]+) \\")
+LOCK_HASH = re.compile(r"    --hash=sha256:(?P<sha256>[0-9a-f]{64})(?P<more> \\)?")
+LOCK_VIA = re.compile(
+    r"    # via(?: -r requirements\.in| [a-z0-9][a-z0-9._-]*)?"
+    r"|    #   (?:-r requirements\.in|-c stack\.lock|[a-z0-9][a-z0-9._-]*)"
+)
+FROZEN = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+)")
+LOCK_SHAPES = "`name==version \\`, `    --hash=sha256:<64 hex>` lines and uv's `    # via` comments"
 
 
-def parse_lock(text: str, path: Path, require_hashes: bool = True) -> dict[str, LockedPackage]:
-    """The `name==version --hash=sha256:...` entries of a lock; any other line is a UserError.
+def _refuse_line(path: Path, number: int, line: str, why: str) -> UserError:
+    return UserError(
+        f"{line[:60]!r} {why}; a lock holds only what `lock` writes ({LOCK_SHAPES}); run `python -m builder lock` "
+        "to write it again",
+        Location(path, number),
+    )
 
-    Comments and blank lines are skipped. Everything else pip would act on (an option such as
-    --index-url, a URL or path requirement, a marker, an editable) is refused with its line.
+
+def parse_lock(text: str, path: Path) -> dict[str, LockedPackage]:
+    """The entries of a lock, read by the grammar of what `lock` writes; any other line is a UserError.
+
+    The header (checked by lock.header), then entries: `name==version \\`, one or more
+    `    --hash=sha256:<hex>` lines each but the last ending in ` \\`, then uv's `# via` comments.
+    Only `\\n` ends a line; no other control character, no non-ASCII text, no blank line.
     """
+    if not text.endswith("\n"):
+        raise UserError("does not end with a line break, as every file `lock` writes does", path)
+    lines = text[:-1].split("\n")
     packages: dict[str, LockedPackage] = {}
-    for number, line in _logical_lines(text):
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
+    current: tuple[str, str, int] | None = None  # the entry whose hashes are being read
+    hashes: list[str] = []
+    for number, line in enumerate(lines, 1):
+        if number == 1 and header.FIELDS.fullmatch(line):
+            continue  # the header: whether its fields match is lock.header's to say
+        if not line.isascii() or not line.isprintable():
+            raise _refuse_line(path, number, line, "holds a control or non-ASCII character")
+        if current is not None:
+            found = LOCK_HASH.fullmatch(line)
+            if found is None:
+                raise _refuse_line(path, number, line, "is not the next `    --hash=sha256:<64 hex>` line of its entry")
+            hashes.append(found.group("sha256"))
+            if found.group("more"):
+                continue
+            name, version, start = current
+            if name in packages:
+                raise UserError(
+                    f"{name} is locked twice; run `python -m builder lock` to write it again", Location(path, start)
+                )
+            packages[name] = LockedPackage(name, version, tuple(hashes))
+            current, hashes = None, []
             continue
-        where = Location(path, number)
-        match = ENTRY.fullmatch(stripped)
-        if match is None:
-            raise UserError(
-                f"{stripped[:60]!r} is not a pinned requirement; a lock holds only `name==version "
-                "--hash=sha256:<64 hex>` lines; run `python -m builder lock` to write it again",
-                where,
-            )
-        name, version = match.group("name"), match.group("version")
-        if not grammar.PYTHON_NAME.matches(name) or not grammar.PYTHON_VERSION.matches(version):
-            raise UserError(f"{name}=={version[:40]!r} is not a valid project name and version", where)
-        hashes = tuple(h.split(":", 1)[1] for h in match.group("hashes").split())
-        bad = next((h for h in hashes if not grammar.SHA256.matches(h)), None)
-        if bad is not None:
-            raise UserError(f"{name}: hash {bad[:70]!r} is not {grammar.SHA256.hint}", where)
-        if require_hashes and not hashes:
-            raise UserError(f"{name}=={version} has no --hash=sha256:...; every locked file needs one", where)
-        key = re.sub(r"[-_.]+", "-", name).lower()
-        if key in packages:
-            raise UserError(f"{key} is locked twice; run `python -m builder lock` to write it again", where)
-        packages[key] = LockedPackage(key, version, hashes)
+        entry = LOCK_ENTRY.fullmatch(line)
+        if entry is not None:
+            name, version = entry.group("name"), entry.group("version")
+            if not grammar.PYTHON_VERSION.matches(version):
+                raise _refuse_line(
+                    path, number, line, f"names version {version[:40]!r}, not {grammar.PYTHON_VERSION.hint}"
+                )
+            current = (re.sub(r"[-_.]+", "-", name), version, number)
+            continue
+        if LOCK_VIA.fullmatch(line) is None or not packages:
+            raise _refuse_line(path, number, line, "is not a line `lock` writes")
+    if current is not None:
+        raise _refuse_line(path, len(lines), lines[-1], "ends the file inside an entry")
     return packages
 
 
 def parse_requirements(text: str) -> dict[str, LockedPackage]:
-    """`name==version` lines such as `pip freeze` prints (hashes optional)."""
-    return parse_lock(text, Path("<requirements>"), require_hashes=False)
+    """`name==version` lines such as `pip freeze` prints (no hashes): what an image holds."""
+    packages = {}
+    for line in text.splitlines():
+        found = FROZEN.fullmatch(line.strip())
+        if found:
+            key = re.sub(r"[-_.]+", "-", found.group("name")).lower()
+            packages[key] = LockedPackage(key, found.group("version"), ())
+    return packages
 
 
 def stack_requirements(cell: Cell) -> list[str]:
@@ -282,6 +311,7 @@ def lock_cell(cell: Cell, grid: Matrix) -> list[Path]:
     """Resolve and write the cell's locks; returns the files written."""
     require_real_trtllm_wheels(cell, grid)
     directory = cell.directory
+    cell.file(STACK_LOCK)  # neither the folder nor the lock may be a link
     directory.mkdir(parents=True, exist_ok=True)
     stack_text = with_header(
         stack_fingerprint(cell, grid),
@@ -291,7 +321,7 @@ def lock_cell(cell: Cell, grid: Matrix) -> list[Path]:
     verify_stack(cell, stack)
     written = [_write(directory / STACK_LOCK, stack_text)]
     extras = flavor_requirements(cell)
-    flavor_path = directory / FLAVOR_LOCK
+    flavor_path = cell.file(FLAVOR_LOCK)
     if extras:
         body = _compile(cell, grid, extras, [], stack_text)
         flavor_text = with_header(flavor_fingerprint(cell, grid, stack_text), body)
@@ -317,7 +347,7 @@ def lock_cells(cells: list[Cell], grid: Matrix, jobs: int = 4) -> Iterator[tuple
 
 
 def _write(path: Path, text: str) -> Path:
-    path.write_text(text)
+    confined.write_text(path, text)
     return path
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from builder import confined
 from builder.facts.compat import TorchBuild
 from builder.spec import platform as platforms
 from builder.spec.schema import KeyringSpec
@@ -80,6 +81,12 @@ class Cell:
     def directory(self) -> Path:
         """Where the cell's locks, Dockerfile, spec.json and recorded image ID live."""
         return (self.images_root or Path("images")) / self.name
+
+    def file(self, name: str) -> Path:
+        """A file of the cell's folder, after checking that neither the folder nor the file is a
+        symbolic link (images/ itself may be one): see builder/confined.py."""
+        root = self.images_root or Path("images")
+        return confined.inside(root, f"{self.name}/{name}")
 
     @property
     def cuda(self) -> str:

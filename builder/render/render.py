@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
-from builder import paths, times
+from builder import confined, paths, times
 from builder.errors import UserError
 from builder.lock import debian as debs
 from builder.lock import inputs
@@ -156,10 +157,9 @@ def rendered(locks: CellLocks, grid: Matrix, settle: bool = True) -> dict[Path, 
         "locked": values["facts"],
         "labels": values["version_labels"],
     }
-    directory = cell.directory
     return {
-        directory / "Dockerfile": dockerfile,
-        directory / "spec.json": json.dumps(spec, indent=1) + "\n",
+        cell.file("Dockerfile"): dockerfile,
+        cell.file("spec.json"): json.dumps(spec, indent=1) + "\n",
     }
 
 
@@ -168,10 +168,17 @@ def render(cells: list[Cell], grid: Matrix) -> list[Path]:
     files = {path: text for cell in cells for path, text in rendered(inputs.read(cell, grid), grid).items()}
     written = []
     for path, text in files.items():
-        if not path.exists() or path.read_text() != text:
-            path.write_text(text)
+        if _current(path) != text:
+            confined.write_text(path, text)
             written.append(path)
     return written
+
+
+def _current(path: Path) -> str | None:
+    """A generated file's text as committed (None when absent), never read through a link."""
+    if not os.path.lexists(path):
+        return None
+    return confined.read_bytes(path).decode("utf-8", errors="replace")
 
 
 def drift(cells: list[Cell], grid: Matrix) -> list[str]:
@@ -187,9 +194,10 @@ def drift_of(locks: CellLocks, grid: Matrix) -> list[str]:
         return [error.line()]
     problems = []
     for path, text in files.items():
-        if not path.exists():
+        current = _current(path)
+        if current is None:
             problems.append(f"{path} is missing")
-        elif path.read_text() != text:
+        elif current != text:
             problems.append(f"{path} differs from a fresh render")
     return problems
 
@@ -199,11 +207,15 @@ def orphan_dirs(grid: Matrix) -> list[Path]:
     expected = {c.directory for c in grid.cells}
     if not grid.images_dir.is_dir():
         return []
-    return [d for d in sorted(grid.images_dir.iterdir()) if d.is_dir() and d not in expected]
+    # A link among them is an orphan too (never a cell's folder): reported, never followed.
+    return [d for d in sorted(grid.images_dir.iterdir()) if (d.is_dir() or d.is_symlink()) and d not in expected]
 
 
 def orphans(grid: Matrix) -> list[str]:
-    return [f"{d} belongs to no cell of {grid.path.name}" for d in orphan_dirs(grid)]
+    return [
+        f"{d} belongs to no cell of {grid.path.name}" + (" (a symbolic link: remove it)" if confined.is_link(d) else "")
+        for d in orphan_dirs(grid)
+    ]
 
 
 def remove_orphans(grid: Matrix) -> list[Path]:
@@ -215,6 +227,8 @@ def remove_orphans(grid: Matrix) -> list[Path]:
     generated = {"Dockerfile", "spec.json", lock.STACK_LOCK, lock.FLAVOR_LOCK, debs.DEBIAN_LOCK, RECORDED_IMAGE_ID_FILE}
     removed = []
     for directory in orphan_dirs(grid):
+        if confined.is_link(directory):
+            continue  # what a link points at is not the builder's to delete
         entries = list(directory.iterdir())
         if all(e.is_file() and not e.is_symlink() and e.name in generated for e in entries):
             for entry in entries:

@@ -13,9 +13,11 @@ requests like the locks: each line by its grammar, or it is refused.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from builder import confined
 from builder.errors import Location, UserError
 from builder.plan.cell import RECORDED_IMAGE_ID_FILE, Cell
 from builder.spec import grammar
@@ -32,7 +34,7 @@ class Record:
 
 
 def path(cell: Cell) -> Path:
-    return cell.directory / IMAGE_ID
+    return cell.file(IMAGE_ID)
 
 
 def _refuse(cell: Cell, line: int, text: str, want: str) -> UserError:
@@ -45,9 +47,9 @@ def _refuse(cell: Cell, line: int, text: str, want: str) -> UserError:
 def read(cell: Cell) -> Record | None:
     """The recorded image and build IDs, or None when none was recorded."""
     where = path(cell)
-    if not where.exists():
+    if not os.path.lexists(where):
         return None
-    lines = where.read_text(errors="replace").splitlines()
+    lines = confined.read_bytes(where, 4096).decode(errors="replace").splitlines()
     image_id = lines[0].strip() if lines else ""
     if not image_id.startswith("sha256:") or not grammar.SHA256.matches(image_id.removeprefix("sha256:")):
         raise _refuse(cell, 1, image_id, f"an image ID (sha256:<{grammar.SHA256.hint}>)")
@@ -62,7 +64,7 @@ def read(cell: Cell) -> Record | None:
 
 def write(cell: Cell, image_id: str, build_id: str) -> Path:
     where = path(cell)
-    where.write_text(f"{image_id}\nbuild-id {build_id}\n")
+    confined.write_text(where, f"{image_id}\nbuild-id {build_id}\n")
     return where
 
 

@@ -70,19 +70,19 @@ RUN python3 -m venv /opt/venv \
       http://127.0.0.1:8741/files/d6190d4aef350c03/hardlink-duplicates.py /opt/torch-images/hardlink-duplicates.py \
  && echo "d6190d4aef350c0303c2643033010f3910f89f0f0d92ee4b25ceabd4f5c4622e  /opt/torch-images/hardlink-duplicates.py" | sha256sum --check --quiet \
  && python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
-      http://127.0.0.1:8741/files/c87b79d729a4faaf/lock-subset.py /opt/torch-images/lock-subset.py \
- && echo "c87b79d729a4faafd7c2922ae2e65fe0e53b4e4f589e84381fbae2534900b8dd  /opt/torch-images/lock-subset.py" | sha256sum --check --quiet \
+      http://127.0.0.1:8741/files/797d1ecdb1bcef6f/lock-subset.py /opt/torch-images/lock-subset.py \
+ && echo "797d1ecdb1bcef6fe5e064c4e9e41e5c4a4fff7111980ea44cc585a50b62a688  /opt/torch-images/lock-subset.py" | sha256sum --check --quiet \
  && python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
       http://127.0.0.1:8741/files/a3f382c8b7f98f1b/prune-paths.py /opt/torch-images/prune-paths.py \
  && echo "a3f382c8b7f98f1b29c295c3dafb80a8fda3b97a636dec4153b7c427e10c08b1  /opt/torch-images/prune-paths.py" | sha256sum --check --quiet \
  && python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
-      http://127.0.0.1:8741/locks/ae1268101eddcc01/requirements.lock /tmp/requirements.lock \
- && echo "ae1268101eddcc01f02267e64a66cb62635943c0331feae5161242e4f0acba6e  /tmp/requirements.lock" | sha256sum --check --quiet \
+      http://127.0.0.1:8741/locks/f5bb8382c70c1820/requirements.lock /tmp/requirements.lock \
+ && echo "f5bb8382c70c182084fd2a53ea78b667fb9ac122e9b6df8ec7e8378daae752e0  /tmp/requirements.lock" | sha256sum --check --quiet \
  && python /opt/torch-images/lock-subset.py /tmp/requirements.lock \
       nvidia-cudnn-cu12 \
       > /tmp/group.txt \
  && pip install --no-index --no-cache-dir --require-hashes --no-deps \
-      --find-links http://127.0.0.1:8741/locks/ae1268101eddcc01/ \
+      --find-links http://127.0.0.1:8741/locks/f5bb8382c70c1820/ \
       -r /tmp/group.txt \
  && python /opt/torch-images/prune-paths.py /opt/venv/lib/python3.11/site-packages \
       'triton/backends/amd/lib/libtriton_amd_codegen.so' \
@@ -97,13 +97,13 @@ RUN python3 -m venv /opt/venv \
  && python /opt/torch-images/hardlink-duplicates.py /opt/venv \
  && sh /opt/torch-images/settle-layer.sh
 RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
-      http://127.0.0.1:8741/locks/ae1268101eddcc01/requirements.lock /tmp/requirements.lock \
- && echo "ae1268101eddcc01f02267e64a66cb62635943c0331feae5161242e4f0acba6e  /tmp/requirements.lock" | sha256sum --check --quiet \
+      http://127.0.0.1:8741/locks/f5bb8382c70c1820/requirements.lock /tmp/requirements.lock \
+ && echo "f5bb8382c70c182084fd2a53ea78b667fb9ac122e9b6df8ec7e8378daae752e0  /tmp/requirements.lock" | sha256sum --check --quiet \
  && python /opt/torch-images/lock-subset.py /tmp/requirements.lock \
       nvidia-cuda-runtime-cu12 nvidia-nccl-cu12 \
       > /tmp/group.txt \
  && pip install --no-index --no-cache-dir --require-hashes --no-deps \
-      --find-links http://127.0.0.1:8741/locks/ae1268101eddcc01/ \
+      --find-links http://127.0.0.1:8741/locks/f5bb8382c70c1820/ \
       -r /tmp/group.txt \
  && python /opt/torch-images/prune-paths.py /opt/venv/lib/python3.11/site-packages \
       'triton/backends/amd/lib/libtriton_amd_codegen.so' \
@@ -118,13 +118,13 @@ RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv
  && python /opt/torch-images/hardlink-duplicates.py /opt/venv \
  && sh /opt/torch-images/settle-layer.sh
 RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
-      http://127.0.0.1:8741/locks/ae1268101eddcc01/requirements.lock /tmp/requirements.lock \
- && echo "ae1268101eddcc01f02267e64a66cb62635943c0331feae5161242e4f0acba6e  /tmp/requirements.lock" | sha256sum --check --quiet \
+      http://127.0.0.1:8741/locks/f5bb8382c70c1820/requirements.lock /tmp/requirements.lock \
+ && echo "f5bb8382c70c182084fd2a53ea78b667fb9ac122e9b6df8ec7e8378daae752e0  /tmp/requirements.lock" | sha256sum --check --quiet \
  && python /opt/torch-images/lock-subset.py /tmp/requirements.lock \
       triton \
       > /tmp/group.txt \
  && pip install --no-index --no-cache-dir --require-hashes --no-deps \
-      --find-links http://127.0.0.1:8741/locks/ae1268101eddcc01/ \
+      --find-links http://127.0.0.1:8741/locks/f5bb8382c70c1820/ \
       -r /tmp/group.txt \
  && python /opt/torch-images/prune-paths.py /opt/venv/lib/python3.11/site-packages \
       'triton/backends/amd/lib/libtriton_amd_codegen.so' \
@@ -139,13 +139,13 @@ RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv
  && python /opt/torch-images/hardlink-duplicates.py /opt/venv \
  && sh /opt/torch-images/settle-layer.sh
 RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
-      http://127.0.0.1:8741/locks/ae1268101eddcc01/requirements.lock /tmp/requirements.lock \
- && echo "ae1268101eddcc01f02267e64a66cb62635943c0331feae5161242e4f0acba6e  /tmp/requirements.lock" | sha256sum --check --quiet \
+      http://127.0.0.1:8741/locks/f5bb8382c70c1820/requirements.lock /tmp/requirements.lock \
+ && echo "f5bb8382c70c182084fd2a53ea78b667fb9ac122e9b6df8ec7e8378daae752e0  /tmp/requirements.lock" | sha256sum --check --quiet \
  && python /opt/torch-images/lock-subset.py /tmp/requirements.lock \
       torch \
       > /tmp/group.txt \
  && pip install --no-index --no-cache-dir --require-hashes --no-deps \
-      --find-links http://127.0.0.1:8741/locks/ae1268101eddcc01/ \
+      --find-links http://127.0.0.1:8741/locks/f5bb8382c70c1820/ \
       -r /tmp/group.txt \
  && python /opt/torch-images/prune-paths.py /opt/venv/lib/python3.11/site-packages \
       'triton/backends/amd/lib/libtriton_amd_codegen.so' \
@@ -160,13 +160,13 @@ RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv
  && python /opt/torch-images/hardlink-duplicates.py /opt/venv \
  && sh /opt/torch-images/settle-layer.sh
 RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
-      http://127.0.0.1:8741/locks/ae1268101eddcc01/requirements.lock /tmp/requirements.lock \
- && echo "ae1268101eddcc01f02267e64a66cb62635943c0331feae5161242e4f0acba6e  /tmp/requirements.lock" | sha256sum --check --quiet \
+      http://127.0.0.1:8741/locks/f5bb8382c70c1820/requirements.lock /tmp/requirements.lock \
+ && echo "f5bb8382c70c182084fd2a53ea78b667fb9ac122e9b6df8ec7e8378daae752e0  /tmp/requirements.lock" | sha256sum --check --quiet \
  && python /opt/torch-images/lock-subset.py /tmp/requirements.lock \
       numpy \
       > /tmp/group.txt \
  && pip install --no-index --no-cache-dir --require-hashes --no-deps \
-      --find-links http://127.0.0.1:8741/locks/ae1268101eddcc01/ \
+      --find-links http://127.0.0.1:8741/locks/f5bb8382c70c1820/ \
       -r /tmp/group.txt \
  && python /opt/torch-images/prune-paths.py /opt/venv/lib/python3.11/site-packages \
       'triton/backends/amd/lib/libtriton_amd_codegen.so' \

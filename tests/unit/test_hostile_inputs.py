@@ -220,13 +220,15 @@ def test_a_changed_hash_under_the_kept_header_is_caught_as_an_edit(
 @pytest.mark.parametrize(
     ("line", "needle"),
     [
-        ("evil @ https://evil.example/evil-1.0-py3-none-any.whl", "is not a pinned requirement"),
-        ("--index-url http://evil.example/simple", "is not a pinned requirement"),
-        ("-e git+https://evil.example/x.git#egg=x", "is not a pinned requirement"),
-        ("evil==1.0; python_version > '3' --hash=sha256:" + "a" * 64, "is not a pinned requirement"),
-        ("evil==1.0", "has no --hash=sha256"),
-        ("evil==1.0 --hash=sha256:zz", "is not 64 lower-case hex digits"),
-        ("evil==$(id) --hash=sha256:" + "a" * 64, "is not a valid project name and version"),
+        ("evil @ https://evil.example/evil-1.0-py3-none-any.whl", "is not a line `lock` writes"),
+        ("--index-url http://evil.example/simple", "is not a line `lock` writes"),
+        ("-e git+https://evil.example/x.git#egg=x", "is not a line `lock` writes"),
+        ("evil==1.0; python_version > '3' --hash=sha256:" + "a" * 64, "is not a line `lock` writes"),
+        ("evil==1.0", "is not a line `lock` writes"),
+        ("evil==1.0 \\\n    --hash=sha256:zz", "is not the next `    --hash=sha256:<64 hex>` line"),  # line 2
+        ("evil==$(id) \\", "is not a line `lock` writes"),
+        # A comment ending in a backslash hid the next line from the builder, not from pip.
+        ("    # via torch \\\n--find-links http://evil.example/", "is not a line `lock` writes"),
     ],
 )
 def test_a_lock_line_that_is_not_a_hashed_pin_is_refused_with_its_line(
@@ -234,7 +236,8 @@ def test_a_lock_line_that_is_not_a_hashed_pin_is_refused_with_its_line(
 ) -> None:
     path = project.cell() / lock.STACK_LOCK
     _replace_body(path, "numpy==", f"{line}\nnumpy==", keep_header=False)
-    number = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if text.startswith(line[:8]))
+    refused = line.splitlines()[1] if "--hash=sha256:zz" in line else line.splitlines()[0]  # the first bad line
+    number = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if text == refused)
     for command in (["lock", "--check"], ["render", "--check"], ["build", CELL]):
         code, output = run(project, capsys, *command)
         assert_one_line_error(code, output, f"{path}:{number}:", needle)
@@ -254,7 +257,7 @@ def test_a_flavor_lock_that_moves_a_stack_package_is_refused(
     project: Project, capsys: pytest.CaptureFixture[str]
 ) -> None:
     devel = project.cell("2.13.0-cpu-bookworm-devel")
-    extra = "torch==2.14.0 --hash=sha256:" + "a" * 64 + "\n"
+    extra = "torch==2.14.0 \\\n    --hash=sha256:" + "a" * 64 + "\n"
     path = devel / lock.FLAVOR_LOCK
     header, body = lockheader.split(path.read_text())
     path.write_text(lockheader.with_header(header.fingerprint or "", body + extra))

@@ -13,11 +13,12 @@ from builder.lock import debian, inputs
 from builder.lock import requirements as lock
 from builder.plan.matrix import Matrix, load_matrix
 from builder.render import render
+from tests.conftest import lock_entry
 from tests.unit.test_debs import pinned
 from tests.unit.test_lock import LOCK_TEXT
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
-NUMPY = "numpy==2.4.6 --hash=sha256:" + "c" * 64 + "\n"
+NUMPY = lock_entry("numpy", "2.4.6", "c" * 64)
 DEBIAN = pinned(("g++=4:12.2.0-3", "python3=3.11.2-1+b1"), ("htop=3.2.2-2",))
 
 
@@ -32,7 +33,7 @@ def grid(matrix_file: Path, wheels: TorchWheels) -> Matrix:
         )
         (directory / debian.DEBIAN_LOCK).write_text(DEBIAN.text(debian.fingerprint(cell)))
         if cell.flavor == "devel":
-            (directory / lock.FLAVOR_LOCK).write_text("py-spy==0.4.3 --hash=sha256:" + "d" * 64 + "\n")
+            (directory / lock.FLAVOR_LOCK).write_text(lock_entry("py-spy", "0.4.3", "d" * 64))
     return grid
 
 
@@ -92,7 +93,7 @@ def test_trtllm_flavor_renders_its_system_packages_lock_and_cuda_home(matrix_fil
     (cell.directory / debian.DEBIAN_LOCK).write_text(
         pinned(("gcc=4:12.2.0-3",), ("openmpi-bin=4.1.4-3+b1",)).text(debian.fingerprint(cell))
     )
-    (cell.directory / lock.FLAVOR_LOCK).write_text("tensorrt-llm==1.0.0 --hash=sha256:" + "e" * 64 + "\n")
+    (cell.directory / lock.FLAVOR_LOCK).write_text(lock_entry("tensorrt-llm", "1.0.0", "e" * 64))
     dockerfile = render.rendered(inputs.read(cell, grid), grid)[cell.directory / "Dockerfile"]
     flavor_part = dockerfile.split("# ---- flavor trtllm")[1].split("# ---- self-test")[0]
     for expected in ("openmpi-bin=4.1.4-3+b1", "libpython3-dev", "/opt/torch-images/flavor.lock", "CUDA_HOME"):

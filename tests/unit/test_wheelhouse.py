@@ -21,6 +21,7 @@ from builder.errors import UserError
 from builder.facts.compat import TorchWheels
 from builder.lock import requirements as lock
 from builder.plan.matrix import load_matrix
+from tests.conftest import lock_entry
 
 
 def make_wheel(directory: Path, filename: str, payload: bytes = b"x") -> str:
@@ -106,9 +107,7 @@ def test_the_wheel_chosen_fits_the_cells_python_and_glibc_and_a_locked_hash(
     grid = load_matrix(matrix_file, wheels)
     cell = grid.cell("2.9.1-cu12.8-bookworm-runtime")
     lock_path = tmp_path / "requirements.lock"
-    lock_path.write_text(
-        f"fastlib==1.0 --hash=sha256:{fits} --hash=sha256:{other_python} --hash=sha256:{too_new_glibc}\n"
-    )
+    lock_path.write_text(lock_entry("fastlib", "1.0", fits, other_python, too_new_glibc))
     refs = wheelchoice.choose(cell, grid, lock.Lockfile.read(lock_path))
     assert [(r.filename, r.sha256) for r in refs] == [("fastlib-1.0-cp311-cp311-manylinux_2_28_x86_64.whl", fits)]
 
@@ -124,7 +123,7 @@ def test_a_locked_package_without_a_fitting_wheel_is_one_clear_error(
     )
     grid = load_matrix(matrix_file, wheels)
     lock_path = tmp_path / "requirements.lock"
-    lock_path.write_text(f"fastlib==1.0 --hash=sha256:{other}\n")
+    lock_path.write_text(lock_entry("fastlib", "1.0", other))
     with pytest.raises(
         UserError, match=r"no wheel of fastlib==1\.0 with a locked hash fits Python 3\.11 on glibc 2\.36"
     ):
@@ -139,7 +138,7 @@ def test_served_page_links_each_file_with_its_hash_and_a_second_server_reuses_th
     house = wheelhouse.Wheelhouse(tmp_path / "house")
     house.fetch(ref)
     lock_path = tmp_path / "requirements.lock"
-    lock_path.write_text(f"demo==1.0 --hash=sha256:{digest}\n")
+    lock_path.write_text(lock_entry("demo", "1.0", digest))
     page = house.publish_page(lock.Lockfile.read(lock_path), [ref])
     with (
         wheelserver.serve(house, "127.0.0.1:18741") as base,
@@ -170,7 +169,7 @@ def test_a_lock_whose_files_are_cached_is_prepared_without_any_index(
     digest = ref.sha256
     house = wheelhouse.Wheelhouse(tmp_path / "house")
     lock_path = tmp_path / "requirements.lock"
-    lock_path.write_text(f"demo==1.0 --hash=sha256:{digest}\n")
+    lock_path.write_text(lock_entry("demo", "1.0", digest))
     locked = lock.Lockfile.read(lock_path)
     assert house.cached_files(locked) is None
     house.fetch(ref)
@@ -200,7 +199,7 @@ def _cached_then_corrupted(
     ref = served_wheel(file_server)
     house = wheelhouse.Wheelhouse(tmp_path / "house")
     lock_path = tmp_path / "requirements.lock"
-    lock_path.write_text(f"demo==1.0 --hash=sha256:{ref.sha256}\n")
+    lock_path.write_text(lock_entry("demo", "1.0", ref.sha256))
     locked = lock.Lockfile.read(lock_path)
     house.publish_page(locked, [ref])
     _flip_one_byte(house.fetch(ref))
