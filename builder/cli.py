@@ -169,10 +169,15 @@ def cmd_build(args: argparse.Namespace) -> int:
         console.print(text, highlight=False, soft_wrap=True)
 
     opened = bundle.open_bundle(args.bundle, say) if args.bundle else None
-    grid = matrix.load_matrix(opened.matrix) if opened else _matrix(args)
-    cells = _cells(args, grid) if args.cells or args.all or not opened else [grid.cell(opened.cell)]
-    for cell in cells:  # every cell checked before the first byte reaches the engine
-        build.preflight(cell, grid)
+    # A bundle rebuilds the repository's cell: the repository's matrix and cell folder, with
+    # the bundle's cache, once the bundle is shown to hold exactly what the repository commits.
+    grid = _matrix(args)
+    if opened and args.cells and args.cells != [opened.cell]:
+        raise UserError(f"the bundle {opened.root} rebuilds {opened.cell} only; name no other cell")
+    cells = [grid.cell(opened.cell)] if opened else _cells(args, grid)
+    checked = {cell.name: build.preflight(cell, grid) for cell in cells}  # before a byte reaches the engine
+    if opened:
+        bundle.check_against_repository(opened, cells[0], checked[opened.cell])
     client = daemon.client()
     house = wheelhouse.Wheelhouse(offline=args.offline)
     if opened:

@@ -14,12 +14,12 @@ import os
 import stat
 from pathlib import Path
 
-from builder.errors import UserError
+from builder.errors import Location, UserError
 
 SAFE_NAME_HINT = "a relative path of plain names separated by single '/' (no leading '/', no '..', '.' or '//')"
 
 
-def name_parts(name: str, where: object = None) -> tuple[str, ...]:
+def name_parts(name: str, where: Location | Path | str | None = None) -> tuple[str, ...]:
     """The parts of a relative POSIX name, refused with one line when it could leave its folder."""
     parts = tuple(name.split("/"))
     if (
@@ -51,7 +51,7 @@ def check_no_links(root: Path, path: Path) -> None:
             )
 
 
-def inside(root: Path, name: str, where: object = None) -> Path:
+def inside(root: Path, name: str, where: Location | Path | str | None = None) -> Path:
     """`root / name`, after checking the name and that nothing below `root` on the way is a link."""
     path = root.joinpath(*name_parts(name, where))
     check_no_links(root, path)

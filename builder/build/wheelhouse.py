@@ -29,7 +29,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from builder import digests, paths
+from builder import confined, digests, paths
 from builder.build import wheelchoice
 from builder.build.wheelchoice import WheelRef
 from builder.errors import UserError
@@ -42,6 +42,16 @@ MARKER = ".torch-images-wheelhouse"
 SERVED_LIST = "served.list"  # the paths builds asked for, shared with servers of other processes
 BIG_FILE = 64 << 20  # downloads this large report their progress
 Report = Callable[[str], None]
+
+
+def _servable(name: str) -> bool:
+    """Whether a line of served.list (written by any process) names a path inside the root: a
+    hostile line (`../`, absolute, `//`) is never served, whoever wrote it."""
+    try:
+        confined.name_parts(name)
+    except UserError:
+        return False
+    return True
 
 
 def default_root() -> Path:
@@ -192,6 +202,8 @@ class Wheelhouse:
     def allow(self, paths: Iterable[str]) -> None:
         """Let the server answer for these paths (relative to the root): the files a build asked for."""
         new = [p for p in paths if p not in self._served]
+        for path in new:
+            confined.name_parts(path, self.root / SERVED_LIST)  # never a name that leaves the root
         if not new:
             return
         self._served.update(new)
@@ -204,7 +216,7 @@ class Wheelhouse:
             return True
         listing = self.root / SERVED_LIST
         if listing.exists():
-            self._served.update(listing.read_text().splitlines())
+            self._served.update(p for p in listing.read_text(errors="replace").splitlines() if _servable(p))
         return path in self._served
 
     @staticmethod

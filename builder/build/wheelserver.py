@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from builder import confined
 from builder.build.wheelhouse import MARKER, Wheelhouse
 from builder.errors import UserError
 
@@ -43,8 +44,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if relative.endswith("/") or not relative:  # pip reads a find-links page by its folder's URL
             relative += "index.html"
         relative = posixpath.normpath(relative)  # "locks/k/../../sha256/..." as a client may send it
-        path = self.house.root / relative
-        if not self.house.serves(relative) or os.path.realpath(path) != os.path.abspath(path):
+        try:  # inside the root, through no link below it (the root itself may be one: a cache CI restores)
+            path = confined.inside(self.house.root, relative)
+        except UserError:
+            self.send_error(404)
+            return
+        if not self.house.serves(relative):
             self.send_error(404)
             return
         try:
