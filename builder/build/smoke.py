@@ -7,7 +7,10 @@ and with every GPU when the engine has the NVIDIA runtime.
 
 from __future__ import annotations
 
+import ast
+import functools
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,11 +106,61 @@ def _parse(stdout: str, stderr: str, exit_code: int) -> dict[str, Any]:
 
 
 def passing_report(image_id: str) -> dict[str, Any] | None:
-    """The stored report for exactly this image ID, if it passed."""
+    """The stored report for exactly this image ID, if it passed (see `why_not_a_pass`)."""
     path = report_path(image_id)
     if not path.exists():
         return None
-    report: dict[str, Any] = json.loads(path.read_text())
-    if report.get("image_id") == image_id and report.get("status") == "pass":
-        return report
+    try:
+        report = json.loads(path.read_bytes()[:MAX_REPORT_BYTES])
+    except (ValueError, UnicodeDecodeError):
+        return None  # a damaged cache entry: the image is tested again
+    return report if why_not_a_pass(report, image_id) is None else None
+
+
+MAX_REPORT_BYTES = 16 << 20  # a report is a few kilobytes (a GPU report with a profile, a few hundred)
+STATUSES = frozenset({"pass", "skip", "warn", "fail"})
+DEVICE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._()/+:@-]{0,119}")
+
+
+@functools.cache
+def expected_checks() -> tuple[str, ...]:
+    """The checks the images' self-test runs: the names in image/selftest.py's CHECKS table, read
+    without importing it (it needs torch)."""
+    tree = ast.parse(paths.SELFTEST.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "CHECKS" for t in node.targets):
+            assert isinstance(node.value, ast.List)
+            return tuple(ast.literal_eval(entry.elts[0]) for entry in node.value.elts if isinstance(entry, ast.Tuple))
+    raise AssertionError(f"{paths.SELFTEST} has no CHECKS table")
+
+
+def why_not_a_pass(report: object, image_id: str) -> str | None:
+    """None when `report` is a passing self-test of exactly this image, else why not.
+
+    A report arrives from a cache or a registry: it is a pass only when it names this image ID,
+    says pass, lists every check the images' self-test runs (each once, none failed: a check
+    that does not apply says skip), and names its device in plain text."""
+    if not isinstance(report, dict):
+        return "the report is not a JSON object"
+    if report.get("image_id") != image_id:
+        return f"the report is for another image ({str(report.get('image_id'))[7:19] or 'none named'})"
+    if report.get("status") != "pass":
+        return "the report's status is not pass"
+    checks = report.get("checks")
+    if not isinstance(checks, list) or not all(
+        isinstance(c, dict) and isinstance(c.get("check"), str) and c.get("status") in STATUSES for c in checks
+    ):
+        return "the report's checks are not a list of {check, status}"
+    names = [c["check"] for c in checks]
+    missing = [name for name in expected_checks() if name not in names]
+    if missing:
+        return f"the report lacks checks the self-test runs: {', '.join(missing)}"
+    if len(set(names)) != len(names):
+        return "the report lists a check twice"
+    failed = [c["check"] for c in checks if c["status"] == "fail"]
+    if failed or report.get("failed"):
+        return f"the report says pass, yet checks failed: {', '.join(failed) or 'see failed'}"
+    device = report.get("device")
+    if not isinstance(device, str) or not DEVICE.fullmatch(device):
+        return "the report's device is not a plain name (letters, digits, spaces and . _ ( ) / + : @ -)"
     return None

@@ -10,9 +10,8 @@ from builder.build.build import BUILD_ID_LABEL
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
 from builder.publish import multiarch
-from builder.publish.registry import OCI_INDEX, Registry
-
-INDEX_TYPES = {OCI_INDEX, "application/vnd.docker.distribution.manifest.list.v2+json"}
+from builder.publish.registry import INDEX_TYPES, Registry, json_object
+from builder.spec import grammar
 
 
 def published_build_id(registry: Registry, repository: str, tag: str, arch: str = "amd64") -> str | None:
@@ -30,9 +29,10 @@ def published_build_id(registry: Registry, repository: str, tag: str, arch: str 
         if image is None:
             return None
         document = json.loads(image.body)
-    config = json.loads(registry.blob(repository, document["config"]["digest"]))
-    label: str | None = (config.get("config") or {}).get("Labels", {}).get(BUILD_ID_LABEL)
-    return label
+    config = json_object(registry.blob(repository, document["config"]["digest"]), f"the image config of {tag}")
+    labels = config.get("config", {}).get("Labels") if isinstance(config.get("config"), dict) else None
+    label = labels.get(BUILD_ID_LABEL) if isinstance(labels, dict) else None
+    return label if isinstance(label, str) and grammar.BUILD_ID.matches(label) else None
 
 
 def is_published(registry: Registry, grid: Matrix, cell: Cell, build_id: str) -> bool:

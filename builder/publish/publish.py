@@ -14,6 +14,7 @@ An image whose tags and aliases already point at its digest is left alone.
 from __future__ import annotations
 
 import contextlib
+import html
 import json
 import re
 import time
@@ -285,21 +286,63 @@ def write_record(grid: Matrix, item: Publication, records_dir: Path) -> Path:
     return path
 
 
+MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()|~])")  # what can open emphasis, a link, code or a cell
+CODE_SAFE = re.compile(r"[A-Za-z0-9._:/@+-]{1,200}")  # a registry, repository, tag or platform, as validated
+MAX_CELL_TEXT = 120
+
+
+def markdown_text(value: object) -> str:
+    """A value from a record (and so from a report or a registry) as inert Markdown: HTML's
+    `<`, `>` and `&` as entities, Markdown's punctuation backslash-escaped, no line break, and at
+    most 120 characters. It can open no tag, link, code span or table cell, and cannot be the
+    table's end marker."""
+    text = " ".join(str(value).split())[:MAX_CELL_TEXT]
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return MARKDOWN_SPECIAL.sub(r"\\\1", html.escape(text, quote=False))
+
+
+def code_text(value: object) -> str:
+    """A name (tag, repository, platform) as a code span when it is plain name characters, else
+    as escaped text: a code span cannot be closed by a name without backticks."""
+    return f"`{value}`" if isinstance(value, str) and CODE_SAFE.fullmatch(value) else markdown_text(value)
+
+
+def _table_row(record: object) -> str | None:
+    """One row of the published-tags table, or None for a record that is not what write_record writes."""
+    if not isinstance(record, dict):
+        return None
+    tags, selftest = record.get("tags"), record.get("selftest")
+    if not isinstance(tags, list) or not tags or not isinstance(selftest, dict):
+        return None
+    tag, *aliases = tags
+    digest = record.get("digest")
+    digest_text = digest[:19] if isinstance(digest, str) and DIGEST_TEXT.fullmatch(digest) else "?"
+    platform = markdown_text(record.get("platform", platforms.DEFAULT))
+    aliases_text = ", ".join(code_text(a) for a in aliases) or "-"
+    verdict = (
+        f"{markdown_text(selftest.get('status'))} ({markdown_text(selftest.get('passed'))}/"
+        f"{markdown_text(selftest.get('checks'))} on {markdown_text(selftest.get('device'))})"
+    )
+    name = f"{record.get('repository')}:{tag}"
+    return f"| {code_text(name)} | {platform} | {aliases_text} | `{digest_text}` | {verdict} |"
+
+
+DIGEST_TEXT = re.compile(r"sha256:[0-9a-f]{64}")
+
+
 def update_readme_table(readme: Path, records_dir: Path) -> None:
     if not readme.exists() or TABLE_START not in readme.read_text():
         return
-    records = [json.loads(p.read_text()) for p in sorted(records_dir.glob("*.json"))] if records_dir.is_dir() else []
-    if not records:
+    records = []
+    for path in sorted(records_dir.glob("*.json")) if records_dir.is_dir() else []:
+        try:
+            records.append(json.loads(path.read_bytes()[: 1 << 20]))
+        except (ValueError, UnicodeDecodeError):
+            raise UserError("is not a record `publish` writes (not JSON); remove it or publish again", path) from None
+    rows = [row for row in map(_table_row, records) if row is not None]
+    if not rows:
         return
-    rows = ["| tag | platform | aliases | digest | self-test |", "|---|---|---|---|---|"]
-    for record in records:
-        tag, *aliases = record["tags"]
-        selftest = record["selftest"]
-        rows.append(
-            f"| `{record['repository']}:{tag}` | {record.get('platform', platforms.DEFAULT)} | "
-            f"{', '.join(f'`{a}`' for a in aliases) or '-'} | `{record['digest'][:19]}` | {selftest['status']} "
-            f"({selftest['passed']}/{selftest['checks']} on {selftest['device']}) |"
-        )
+    rows = ["| tag | platform | aliases | digest | self-test |", "|---|---|---|---|---|", *rows]
     text = readme.read_text()
     start, end = text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)
     readme.write_text(text[:start] + "\n" + "\n".join(rows) + "\n" + text[end:])

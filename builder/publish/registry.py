@@ -1,6 +1,10 @@
-"""A client for the registry HTTP API v2 (distribution) on `requests`, with oras-py's
-authentication: token (a `WWW-Authenticate: Bearer` challenge, as Docker Hub, GHCR, Quay,
-Harbor, GitLab and ECR use) and basic, and credentials found the way docker finds them.
+"""A client for the registry HTTP API v2 (distribution) on `requests`, with token (a
+`WWW-Authenticate: Bearer` challenge, as Docker Hub, GHCR, Quay, Harbor, GitLab and ECR use) and
+basic authentication, and credentials found the way docker finds them (publish/auth.py).
+
+Every answer is validated before use (issue 25): its size against a cap, its shape, the
+digest of anything fetched by digest, and `Docker-Content-Digest` against the body. An answer
+that fails is one line, exit 2, and nothing moves.
 
 The engine pushes images; this client reads digests back to verify a push, moves aliases by
 putting an already-pushed manifest, byte for byte, under another tag (one small request each,
@@ -14,55 +18,49 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import ipaddress
 import json
-import logging
-import os
-import shutil
-import socket
+import re
 import ssl
 import time
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import oras.auth
-import oras.auth.utils
 import requests
 
 from builder.errors import UserError
-
-MANIFEST_TYPES = ", ".join(
-    [
-        "application/vnd.docker.distribution.manifest.v2+json",
-        "application/vnd.oci.image.manifest.v1+json",
-        "application/vnd.docker.distribution.manifest.list.v2+json",
-        "application/vnd.oci.image.index.v1+json",
-    ]
+from builder.publish import auth
+from builder.publish.auth import (  # re-exported: the publish stage's callers and tests name them here
+    PASSWORD_VARIABLE,
+    USER_VARIABLE,
+    Credentials,
+    docker_config_credentials,
+    docker_config_path,
+    find_credentials,
+    is_loopback,
 )
+
+__all__ = [
+    "PASSWORD_VARIABLE", "USER_VARIABLE", "Credentials", "Manifest", "Registry", "docker_config_credentials",
+    "docker_config_path", "find_credentials", "is_loopback",
+]  # fmt: skip
+
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+DOCKER_INDEX = "application/vnd.docker.distribution.manifest.list.v2+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+INDEX_TYPES = frozenset({OCI_INDEX, DOCKER_INDEX})
+IMAGE_TYPES = frozenset({OCI_MANIFEST, DOCKER_MANIFEST})
+MANIFEST_TYPES = ", ".join([DOCKER_MANIFEST, OCI_MANIFEST, DOCKER_INDEX, OCI_INDEX])
 EMPTY_CONFIG = b"{}"
-USER_VARIABLE, PASSWORD_VARIABLE = "TORCH_IMAGES_REGISTRY_USER", "TORCH_IMAGES_REGISTRY_PASSWORD"
-# oras-py logs its own view of a refusal ("This endpoint requires a token..."); this client says
-# what went wrong in one line of its own, so oras's log stays quiet.
-logging.getLogger("oras").setLevel(logging.CRITICAL)
-
-
-def is_loopback(host: str) -> bool:
-    """Whether every address `host` (host[:port]) resolves to is a loopback address.
-
-    Decided from the resolved addresses, not the name: "localhost.example.com" or
-    "127.0.0.1.example.com" are remote hosts and get HTTPS.
-    """
-    name = urllib.parse.urlsplit(f"//{host}").hostname or ""
-    try:
-        infos = socket.getaddrinfo(name, None)
-    except (OSError, UnicodeError):
-        return False
-    return bool(infos) and all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
+# Caps on what a registry's answer may hold (the distribution registry's own limit for a
+# manifest is 4 MiB); past them an answer is refused unread.
+MAX_MANIFEST_BYTES = 4 << 20  # manifests, indexes and referrer lists
+MAX_BLOB_BYTES = 64 << 20  # blobs read into memory: image configs, SBOMs, self-test reports
+MAX_REFERRERS = 10_000
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 def same_origin(url: str, base: str) -> bool:
@@ -76,57 +74,63 @@ def system_ca_bundle() -> str | bool:
     return next((p for p in (paths.cafile, paths.openssl_cafile) if p and Path(p).is_file()), True)
 
 
-@dataclass(frozen=True)
-class Credentials:
-    username: str
-    password: str = field(repr=False)
-    source: str  # where they came from, for messages: never the secret itself
+def sha256_digest(body: bytes) -> str:
+    return "sha256:" + hashlib.sha256(body).hexdigest()
 
 
-def docker_config_path(environ: os._Environ[str] | dict[str, str] = os.environ) -> Path:
-    """The file docker reads: $DOCKER_CONFIG/config.json, else ~/.docker/config.json."""
-    return Path(environ.get("DOCKER_CONFIG") or Path.home() / ".docker") / "config.json"
-
-
-def docker_config_credentials(host: str, config: Path) -> Credentials | None:
-    """Credentials for `host` as docker finds them in its config: `auths`, then `credHelpers`,
-    then `credsStore` (oras-py looks them up and runs the credential helper)."""
-    if not config.is_file():
-        return None
+def json_object(body: bytes, what: str) -> dict[str, Any]:
+    """A registry's answer as a JSON object, or one line saying it is not one."""
     try:
-        document = json.loads(config.read_text())
-    except (OSError, ValueError) as error:
-        raise UserError(f"{config}: not a docker config file ({error.__class__.__name__}); fix or move it") from None
-    auths, helpers, store = document.get("auths", {}), document.get("credHelpers", {}), document.get("credsStore")
-    # Named the way oras-py looks (it may fill `auths` in with what a helper returned).
-    if auths.get(host, {}).get("auth"):
-        where = "auths"
-    elif host in helpers:
-        where = f"credHelpers ({helpers[host]})"
-    else:
-        where = f"credsStore ({store})"
-    helper = helpers.get(host) or (store if where.startswith("credsStore") else None)
-    if helper and not shutil.which(f"docker-credential-{helper}"):
-        raise UserError(
-            f"{config} names the credential helper {helper!r} for {host}, but docker-credential-{helper} "
-            "is not on PATH; install it or run `docker login` again"
-        )
-    backend = oras.auth.TokenAuth()
-    backend._auth_config = {"auths": dict(auths), "credHelpers": helpers, "credsStore": store}
-    if not backend._load_auth(host):
-        return None
-    username, _, password = base64.b64decode(backend._basic_auth).decode().partition(":")
-    return Credentials(username, password, f"{config} {where}")
+        document = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise UserError(f"{what} is not JSON ({len(body)} bytes); nothing was moved") from None
+    if not isinstance(document, dict):
+        raise UserError(f"{what} is JSON but not an object; nothing was moved")
+    return document
 
 
-def find_credentials(host: str, environ: os._Environ[str] | dict[str, str] = os.environ) -> Credentials | None:
-    """Docker's config first, then TORCH_IMAGES_REGISTRY_USER and _PASSWORD."""
-    found = docker_config_credentials(host, docker_config_path(environ))
-    if found:
-        return found
-    if environ.get(USER_VARIABLE):
-        return Credentials(environ[USER_VARIABLE], environ.get(PASSWORD_VARIABLE, ""), USER_VARIABLE)
-    return None
+def _descriptor(entry: object, what: str) -> dict[str, Any]:
+    """An OCI descriptor: an object with a sha256 digest and a size (and optional strings)."""
+    if not isinstance(entry, dict):
+        raise UserError(f"{what}: a descriptor that is not an object; nothing was moved")
+    digest, size = entry.get("digest"), entry.get("size", 0)
+    if not isinstance(digest, str) or not DIGEST.fullmatch(digest):
+        raise UserError(f"{what}: a descriptor whose digest is not sha256:<64 hex>; nothing was moved")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise UserError(f"{what}: descriptor {digest[:19]} has no valid size; nothing was moved")
+    for key in ("mediaType", "artifactType"):
+        if key in entry and not isinstance(entry[key], str):
+            raise UserError(f"{what}: descriptor {digest[:19]} has a {key} that is not a string; nothing was moved")
+    annotations = entry.get("annotations", {})
+    if not isinstance(annotations, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()
+    ):
+        raise UserError(f"{what}: descriptor {digest[:19]} has annotations that are not strings; nothing was moved")
+    platform = entry.get("platform", {})
+    if not isinstance(platform, dict) or not all(isinstance(v, str | list) for v in platform.values()):
+        raise UserError(f"{what}: descriptor {digest[:19]} has a platform that is not an object; nothing was moved")
+    return entry
+
+
+def check_manifest_shape(document: dict[str, Any], media_type: str, what: str) -> None:
+    """An image manifest names a config and layers; an index lists manifests: each a descriptor."""
+    if document.get("schemaVersion") != 2:
+        raise UserError(f"{what}: schemaVersion is not 2; nothing was moved")
+    if media_type in INDEX_TYPES:
+        listed = document.get("manifests")
+        if not isinstance(listed, list) or len(listed) > MAX_REFERRERS:
+            raise UserError(f"{what}: an index without a list of manifests; nothing was moved")
+        for entry in listed:
+            _descriptor(entry, what)
+        return
+    _descriptor(document.get("config"), what)
+    layers = document.get("layers")
+    if not isinstance(layers, list):
+        raise UserError(f"{what}: a manifest without a list of layers; nothing was moved")
+    for entry in layers:
+        _descriptor(entry, what)
+    if "subject" in document:
+        _descriptor(document["subject"], what)
 
 
 @dataclass(frozen=True)
@@ -156,19 +160,13 @@ class Registry:
         """HTTPS, checked against the system's CA store or `ca_file`; plain HTTP only for a
         registry on a loopback address (without a CA file) or with `insecure`."""
         self.host = host
-        plain = insecure or (ca_file is None and is_loopback(host))
-        self.base = f"{'http' if plain else 'https'}://{host}/v2/"
+        self.plain = insecure or (ca_file is None and is_loopback(host))
+        self.insecure = insecure
+        self.base = f"{'http' if self.plain else 'https'}://{host}/v2/"
         self.session = requests.Session()
         self.session.trust_env = False  # no netrc or proxy settings from the environment
         self.session.verify = str(ca_file) if ca_file else system_ca_bundle()
         self.credentials = Credentials(username, password or "", source) if username is not None else None
-        # oras-py answers token challenges: it asks the realm for a token for the scope the
-        # registry named, with the basic credentials when there are any.
-        self.tokens = oras.auth.get_auth_backend(
-            "token", session=self.session, insecure=plain, tls_verify=self.session.verify
-        )
-        if self.credentials:
-            self.tokens.set_basic_auth(self.credentials.username, self.credentials.password)
         self.authorization: str | None = None  # what the registry's last challenge asked for
         self.retries, self.backoff_s = retries, backoff_s
 
@@ -190,39 +188,53 @@ class Registry:
     def _answer_challenge(self, response: requests.Response) -> None:
         challenge = response.headers.get("WWW-Authenticate", "")
         if challenge.lower().startswith("bearer"):
-            self.tokens.token = None  # expired, or for another scope: ask again
-            _, granted = self.tokens.authenticate_request(response, {})
-            if not granted or not self.tokens.token:
+            parameters = auth.challenge_parameters(challenge)
+            if not parameters.get("realm"):
+                raise UserError(
+                    f"registry {self.host} asked for a token but named no token service (realm) in its challenge"
+                )
+            realm = auth.token_service(parameters["realm"], self.host, self.plain, self.insecure)
+            token = auth.fetch_token(self.session, realm, parameters, self.credentials, self.host)
+            if token is None:
                 raise self._refused(response.status_code)
-            self.authorization = f"Bearer {self.tokens.token}"
+            self.authorization = f"Bearer {token}"
         elif challenge.lower().startswith("basic") and self.credentials:
             pair = f"{self.credentials.username}:{self.credentials.password}".encode()
             self.authorization = "Basic " + base64.b64encode(pair).decode()
         else:
             raise self._refused(response.status_code)
 
-    def _send(self, method: str, url: str, headers: dict[str, str], data: bytes | None) -> requests.Response:
+    def _send(
+        self, method: str, url: str, headers: dict[str, str], data: bytes | None, limit: int
+    ) -> tuple[requests.Response, bytes]:
         sent = dict(headers)
         if self.authorization and same_origin(url, self.base):
             sent["Authorization"] = self.authorization
-        return self.session.request(method, url, headers=sent, data=data, timeout=30)
+        response = self.session.request(method, url, headers=sent, data=data, timeout=30, stream=True)
+        what = f"registry {self.host} ({method} {urllib.parse.urlsplit(url).path[:120]})"
+        return response, auth.read_capped(response, limit, what)
 
     def _request(
-        self, method: str, path: str, headers: dict[str, str] | None = None, data: bytes | None = None
+        self,
+        method: str,
+        path: str,
+        headers: dict[str, str] | None = None,
+        data: bytes | None = None,
+        limit: int = MAX_MANIFEST_BYTES,
     ) -> tuple[int, Mapping[str, str], bytes]:
-        """Status, headers (case-insensitive, as HTTP's are) and body."""
+        """Status, headers (case-insensitive, as HTTP's are) and body (at most `limit` bytes)."""
         url = path if path.startswith("http") else self.base + path
         last_error = ""
         for attempt in range(self.retries + 1):
             try:
-                response = self._send(method, url, headers or {}, data)
+                response, body = self._send(method, url, headers or {}, data, limit)
                 if response.status_code in (401, 403) and same_origin(url, self.base):
                     self._answer_challenge(response)
-                    response = self._send(method, url, headers or {}, data)
+                    response, body = self._send(method, url, headers or {}, data, limit)
                     if response.status_code in (401, 403):
                         raise self._refused(response.status_code)
                 if response.status_code < 500:
-                    return response.status_code, response.headers, response.content
+                    return response.status_code, response.headers, body
                 last_error = f"HTTP {response.status_code}"
             except requests.exceptions.SSLError as error:
                 raise UserError(
@@ -245,16 +257,37 @@ class Registry:
             raise UserError(f"registry {self.host} answered {status} to /v2/; is it a registry?")
 
     def manifest(self, repository: str, reference: str) -> Manifest | None:
+        """The manifest under a tag or digest, checked: at most 4 MiB, a JSON manifest or index of
+        a known type, its body hashing to the digest asked for and to `Docker-Content-Digest`."""
         status, headers, body = self._request("GET", f"{repository}/manifests/{reference}", {"Accept": MANIFEST_TYPES})
         if status == 404:
             return None
+        what = f"registry {self.host}: {repository}:{reference[:80]}"
         if status != 200:
-            raise UserError(f"registry {self.host} answered {status} for {repository}:{reference}")
-        digest = headers.get("Docker-Content-Digest") or "sha256:" + hashlib.sha256(body).hexdigest()
-        return Manifest(body, headers.get("Content-Type", ""), digest)
+            raise UserError(f"{what}: answered {status}")
+        digest = sha256_digest(body)
+        said = headers.get("Docker-Content-Digest")
+        if said is not None and said != digest:
+            raise UserError(
+                f"{what}: Docker-Content-Digest says {said[:80]}, the body hashes to {digest}; nothing was moved"
+            )
+        if DIGEST.fullmatch(reference) and reference != digest:
+            raise UserError(f"{what}: the body hashes to {digest}, not the digest asked for; nothing was moved")
+        document = json_object(body, what)
+        media_type = headers.get("Content-Type", "").split(";")[0].strip() or str(document.get("mediaType", ""))
+        if media_type not in IMAGE_TYPES | INDEX_TYPES:
+            raise UserError(f"{what}: media type {media_type[:80]!r} is not a manifest or index; nothing was moved")
+        check_manifest_shape(document, media_type, what)
+        return Manifest(body, media_type, digest)
 
     def put_manifest(self, repository: str, reference: str, manifest: Manifest) -> str:
-        return self._put_manifest(repository, reference, manifest).get("Docker-Content-Digest", manifest.digest)
+        said = self._put_manifest(repository, reference, manifest).get("Docker-Content-Digest", manifest.digest)
+        if said != manifest.digest:
+            raise UserError(
+                f"registry {self.host}: stored {repository}:{reference[:80]} as {said[:80]}, but its bytes hash to "
+                f"{manifest.digest}"
+            )
+        return manifest.digest
 
     def _put_manifest(self, repository: str, reference: str, manifest: Manifest) -> Mapping[str, str]:
         status, headers, body = self._request(
@@ -341,21 +374,45 @@ class Registry:
 
     def referrers(self, repository: str, subject: str, artifact_type: str | None = None) -> list[dict[str, Any]]:
         """The artifacts attached to `subject`: from the referrers API where the registry has it,
-        else from the referrers tag."""
+        else from the referrers tag. Each entry is checked: a descriptor with a sha256 digest."""
         status, _, body = self._request("GET", f"{repository}/referrers/{subject}", {"Accept": OCI_INDEX})
+        what = f"registry {self.host}: the referrers of {subject[:19]}"
         if status == 200:
-            manifests = json.loads(body).get("manifests", [])
+            document = json_object(body, what)
+            check_manifest_shape(document, OCI_INDEX, what)
+            manifests: list[dict[str, Any]] = document["manifests"]
         else:
             fallback = self.manifest(repository, self.referrers_tag(subject))
-            manifests = json.loads(fallback.body).get("manifests", []) if fallback else []
+            if fallback is not None and fallback.media_type not in INDEX_TYPES:
+                raise UserError(f"{what}: the referrers tag holds a {fallback.media_type}, not an index")
+            manifests = json.loads(fallback.body)["manifests"] if fallback else []
         return [m for m in manifests if artifact_type is None or m.get("artifactType") == artifact_type]
 
     def attached(self, repository: str, subject: str) -> dict[str, str]:
         """artifactType -> digest of each artifact attached to `subject`."""
         return {str(m.get("artifactType")): str(m["digest"]) for m in self.referrers(repository, subject)}
 
-    def blob(self, repository: str, digest: str) -> bytes:
-        status, _, body = self._request("GET", f"{repository}/blobs/{digest}")
+    def blob(self, repository: str, digest: str, limit: int = MAX_BLOB_BYTES) -> bytes:
+        """A blob, at most `limit` bytes, whose bytes hash to the digest asked for."""
+        if not DIGEST.fullmatch(digest):
+            raise UserError(f"registry {self.host}: {digest[:80]!r} is not a sha256 digest")
+        status, _, body = self._request("GET", f"{repository}/blobs/{digest}", limit=limit)
         if status != 200:
             raise UserError(f"registry {self.host} has no blob {digest} in {repository}")
+        if sha256_digest(body) != digest:
+            raise UserError(
+                f"registry {self.host}: blob {digest[:19]} hashes to {sha256_digest(body)[:19]}; nothing was moved"
+            )
         return body
+
+    def artifact(self, repository: str, digest: str, limit: int = MAX_BLOB_BYTES) -> dict[str, Any]:
+        """The JSON document an artifact manifest carries as its one layer (an SBOM, a report)."""
+        manifest = self.manifest(repository, digest)
+        if manifest is None:
+            raise UserError(f"registry {self.host} lists artifact {digest} but does not serve it")
+        layers = json.loads(manifest.body).get("layers", [])
+        if manifest.media_type not in IMAGE_TYPES or len(layers) != 1:
+            raise UserError(f"registry {self.host}: artifact {digest[:19]} is not one document; nothing was moved")
+        return json_object(
+            self.blob(repository, layers[0]["digest"], limit), f"registry {self.host}: artifact {digest[:19]}"
+        )

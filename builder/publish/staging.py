@@ -20,13 +20,13 @@ from pathlib import Path
 
 import docker
 
-from builder.build import build
+from builder.build import build, smoke
 from builder.errors import UserError
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
 from builder.publish import existing, multiarch, publish
 from builder.publish.publish import ARTIFACT_TYPES, Publication
-from builder.publish.registry import Registry
+from builder.publish.registry import IMAGE_TYPES, Registry
 from builder.spec import grammar
 
 Report = Callable[[str], None]
@@ -109,28 +109,22 @@ def _staged(registry: Registry, grid: Matrix, cell: Cell, run: str) -> Publicati
     manifest = registry.manifest(repository, tag)
     if manifest is None:
         return f"not staged ({tag} is not in {grid.spec.registry})"
+    if manifest.media_type not in IMAGE_TYPES:
+        return f"{tag} is a {manifest.media_type}, not one image"
     image_id = json.loads(manifest.body)["config"]["digest"]
     attached = registry.attached(repository, manifest.digest)
     if ARTIFACT_TYPES["sbom"] not in attached:
         return f"no SBOM attached to {manifest.digest[:19]}"
     if ARTIFACT_TYPES["selftest"] not in attached:
         return f"no self-test report attached to {manifest.digest[:19]}"
-    report = _artifact_document(registry, repository, attached[ARTIFACT_TYPES["selftest"]])
-    if report.get("status") != "pass" or report.get("image_id") != image_id:
-        return f"the attached self-test report is not a pass for image {image_id[7:19]}"
+    report = registry.artifact(repository, attached[ARTIFACT_TYPES["selftest"]])
+    why = smoke.why_not_a_pass(report, image_id)
+    if why is not None:
+        return f"the attached self-test report is not a pass for image {image_id[7:19]}: {why}"
     build_id = existing.published_build_id(registry, repository, tag) or ""
     return Publication(
         cell, image_id, report, build_id=build_id, digest=manifest.digest, image_tag=multiarch.image_tag(grid, cell)
     )
-
-
-def _artifact_document(registry: Registry, repository: str, digest: str) -> dict[str, object]:
-    manifest = registry.manifest(repository, digest)
-    if manifest is None:
-        raise UserError(f"registry {registry.host} lists artifact {digest} but does not serve it")
-    layer = json.loads(manifest.body)["layers"][0]["digest"]
-    document: dict[str, object] = json.loads(registry.blob(repository, layer))
-    return document
 
 
 def promote(

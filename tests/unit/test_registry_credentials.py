@@ -42,7 +42,7 @@ def test_a_credential_helper_named_for_the_host_is_asked_first(tmp_path: Path, m
     found = registry.find_credentials("ghcr.io", environ)
     assert found is not None and (found.username, found.password) == ("helper-user", "helper-s3cret")
     assert asked.read_text() == "ghcr.io"
-    assert "credHelpers (torchtest)" in found.source and "helper-s3cret" not in repr(found)
+    assert "credHelpers.ghcr.io (torchtest)" in found.source and "helper-s3cret" not in repr(found)
 
 
 def test_auths_and_creds_store_come_before_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
