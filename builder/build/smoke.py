@@ -110,10 +110,12 @@ def passing_report(image_id: str) -> dict[str, Any] | None:
     path = report_path(image_id)
     if not path.exists():
         return None
+    with path.open("rb") as handle:
+        data = handle.read(MAX_REPORT_BYTES + 1)
     try:
-        report = json.loads(path.read_bytes()[:MAX_REPORT_BYTES])
+        report = json.loads(data) if len(data) <= MAX_REPORT_BYTES else None
     except (ValueError, UnicodeDecodeError):
-        return None  # a damaged cache entry: the image is tested again
+        report = None  # a damaged cache entry: the image is tested again
     return report if why_not_a_pass(report, image_id) is None else None
 
 

@@ -117,7 +117,7 @@ def _staged(registry: Registry, grid: Matrix, cell: Cell, run: str) -> Publicati
         return f"no SBOM attached to {manifest.digest[:19]}"
     if ARTIFACT_TYPES["selftest"] not in attached:
         return f"no self-test report attached to {manifest.digest[:19]}"
-    report = registry.artifact(repository, attached[ARTIFACT_TYPES["selftest"]])
+    report = registry.artifact(repository, attached[ARTIFACT_TYPES["selftest"]], smoke.MAX_REPORT_BYTES)
     why = smoke.why_not_a_pass(report, image_id)
     if why is not None:
         return f"the attached self-test report is not a pass for image {image_id[7:19]}: {why}"

@@ -23,6 +23,7 @@ from builder.plan.cell import RECORDED_IMAGE_ID_FILE, Cell
 from builder.spec import grammar
 
 IMAGE_ID = RECORDED_IMAGE_ID_FILE
+MAX_RECORD_BYTES = 4096  # two lines of about 80 characters
 # The builder's default path gives the recorded image: the classic builder, then normalization.
 RECORDED_PATH = ("sdk", True)
 
@@ -49,7 +50,7 @@ def read(cell: Cell) -> Record | None:
     where = path(cell)
     if not os.path.lexists(where):
         return None
-    lines = confined.read_bytes(where, 4096).decode(errors="replace").splitlines()
+    lines = confined.read_bytes(where, MAX_RECORD_BYTES).decode(errors="replace").splitlines()
     image_id = lines[0].strip() if lines else ""
     if not image_id.startswith("sha256:") or not grammar.SHA256.matches(image_id.removeprefix("sha256:")):
         raise _refuse(cell, 1, image_id, f"an image ID (sha256:<{grammar.SHA256.hint}>)")
