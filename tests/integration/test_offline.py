@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import subprocess
@@ -96,6 +98,35 @@ def test_a_bundle_with_one_file_altered_is_refused_naming_the_file(built: BuiltC
         assert {image.id for image in built.client.images.list(all=True)} == before  # nothing built
     finally:
         deb.write_bytes(original)
+
+
+def test_a_bundle_whose_file_and_manifest_line_were_changed_together_is_refused(
+    built: BuiltCell, cell_bundle: Path
+) -> None:
+    # The review's case: a bundle that checks itself clean. The repository's own lock says no.
+    lock = next(cell_bundle.rglob(f"{built.cell.name}/requirements.lock"))
+    manifest_path = cell_bundle / bundle.MANIFEST
+    original_lock, original_manifest = lock.read_bytes(), manifest_path.read_text()
+    try:
+        lock.write_bytes(original_lock.replace(b"# via torch", b"# via numpy", 1))
+        name = lock.relative_to(cell_bundle).as_posix()
+        manifest_path.write_text(
+            original_manifest.replace(json.dumps(digests_of(original_lock)), json.dumps(digests_of(lock.read_bytes())))
+        )
+        assert bundle.open_bundle(cell_bundle, lambda _: None).files[name] == digests_of(lock.read_bytes())
+        before = {image.id for image in built.client.images.list(all=True)}
+        refused = _builder("build", "--offline", "--bundle", str(cell_bundle), "--no-cache", env=NO_NETWORK)
+        errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+        assert refused.returncode == 2 and len(errors) == 1, refused.stderr
+        assert "requirements.lock differs from this repository's" in errors[0] and "Traceback" not in refused.stderr
+        assert {image.id for image in built.client.images.list(all=True)} == before  # nothing built
+    finally:
+        lock.write_bytes(original_lock)
+        manifest_path.write_text(original_manifest)
+
+
+def digests_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 @pytest.mark.parametrize("image", ["built", "built_devel"])

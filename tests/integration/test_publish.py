@@ -305,6 +305,17 @@ def test_ci_stages_each_cell_then_promotes_from_the_registry_alone(
     with pytest.raises(UserError, match="the attached self-test report is not a pass for image"):
         staging.promote(api, grid, [built.cell], "bad", say, records, readme)
     assert api.manifest("torch", built.cell.tag) is None
+    # The review's case: a report of the right image saying pass, with no checks at all.
+    hollow = Manifest.of(
+        json.dumps({**json.loads(good.body), "annotations": {"test": "hollow"}}).encode(), good.media_type
+    )
+    api.put_manifest("torch", staging.staging_tag(built.grid, built.cell, "hollow"), hollow)
+    empty = json.dumps({**smoke_result.report, "status": "pass", "checks": [], "failed": []}).encode()
+    api.push_artifact("torch", "hollow.selftest", empty, publish.ARTIFACT_TYPES["selftest"], {}, hollow)
+    api.push_artifact("torch", "hollow.sbom", b"{}", publish.ARTIFACT_TYPES["sbom"], {}, hollow)
+    with pytest.raises(UserError, match="lacks checks the self-test runs: host, environment"):
+        staging.promote(api, grid, [built.cell], "hollow", say, records, readme)
+    assert api.manifest("torch", built.cell.tag) is None
 
     # Promotion needs no engine: the versioned tag takes the staged manifest, then the aliases.
     [promoted] = staging.promote(api, grid, [built.cell], "r1", say, records, readme)

@@ -253,3 +253,13 @@ def test_a_bundle_changed_together_with_its_manifest_is_refused(
         files[name] = sha256
     with pytest.raises(UserError, match=needle):
         bundle.check_against_repository(bundle.Bundle(tmp_path, CELL, tmp_path / "m", files), cell, locks)  # type: ignore[arg-type]
+
+
+def test_bundle_gathers_no_file_through_a_link_in_a_cell_folder(tmp_path: Path, outside: Path) -> None:
+    # The review saw `bundle` copy a symlink's target into the bundle.
+    folder = tmp_path / "images" / CELL
+    folder.mkdir(parents=True)
+    (folder / "Dockerfile").write_text("FROM scratch\n")
+    (folder / "requirements.lock").symlink_to(outside)
+    with pytest.raises(UserError, match="is a symbolic link; a bundle holds files only"):
+        list(bundle._files_under(folder))
