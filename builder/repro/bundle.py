@@ -120,7 +120,8 @@ def gather(grid: Matrix, cell: Cell, output: Path, house: wheelhouse.Wheelhouse,
         files[name] = sha256 or digests.sha256_file(target)
 
     add(grid.path, "matrix.yaml")
-    cell_folder = cell.directory.resolve().relative_to(grid.path.resolve().parent).as_posix()
+    # As the matrix names it, without resolving links: images/ itself may be one.
+    cell_folder = Path(os.path.relpath(cell.directory, grid.path.parent)).as_posix()
     for path in _files_under(cell.directory):
         name = path.relative_to(cell.directory).as_posix()
         add(cell.file(name), f"{cell_folder}/{name}")
