@@ -60,11 +60,19 @@ def tests(session: nox.Session) -> None:
     `-- --cell CELL` runs the integration tests on another cell (a CUDA one, say).
     """
     _install(session, "test")
-    session.run("python", "-m", "builder", "engine", "--install", "--test-tools")
+    if not _excludes_integration(session.posargs):  # `-m "not integration"` touches no engine
+        session.run("python", "-m", "builder", "engine", "--install", "--test-tools")
     for matrix in ("matrix.yaml", "tests/fixtures/multiarch.yaml"):  # generated files match their matrix
         session.run("python", "-m", "builder", "--matrix", matrix, "render", "--check")
         session.run("python", "-m", "builder", "--matrix", matrix, "lock", "--check")
     session.run("pytest", "tests", *session.posargs, env={"PYTHONUNBUFFERED": "1"})
+
+
+def _excludes_integration(posargs: list[str]) -> bool:
+    """Whether pytest's `-m` expression leaves the integration tests out."""
+    expressions = [posargs[i + 1] for i, arg in enumerate(posargs[:-1]) if arg == "-m"]
+    expressions += [arg.removeprefix("-m") for arg in posargs if arg.startswith("-m") and arg != "-m"]
+    return any("not integration" in expression for expression in expressions)
 
 
 @nox.session

@@ -11,6 +11,8 @@ import pytest
 
 from tests import engine_state
 
+pytestmark = pytest.mark.integration  # it builds on the engine: `-m "not integration"` leaves it out
+
 
 def _context(dockerfile: str) -> io.BytesIO:
     buffer = io.BytesIO()
