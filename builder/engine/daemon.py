@@ -19,7 +19,7 @@ DOCKERD_LOG = Path("/var/log/torch-images-dockerd.log")
 HOST_TOOLS = {"dockerd": "docker.io", "mmdebstrap": "mmdebstrap", "gpgv": "gpgv"}
 # ... and for the tests: a real registry (the CNCF distribution, as Debian packages it) with
 # htpasswd authentication, and openssl for the certificates the tests make.
-TEST_TOOLS = {"docker-registry": "docker-registry", "htpasswd": "apache2-utils", "openssl": "openssl"}
+TEST_TOOLS = {"docker-registry": "docker-registry", "htpasswd": "apache2-utils", "openssl": "openssl", "gpg": "gnupg"}
 
 
 def socket_name() -> str:
