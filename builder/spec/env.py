@@ -11,7 +11,7 @@ from builder.spec import grammar
 def expand_env(text: str) -> str:
     """${VAR} and ${VAR:-default} in find_links, so a matrix can point at a site's wheel directory.
 
-    Only the variables the README names (grammar.ENV_VARIABLES) expand; the schema refuses any
+    Only the variables docs/custom-images.md names (grammar.ENV_VARIABLES) expand; the schema refuses any
     other, so a matrix cannot read the environment. Messages print the text as written, never
     the expanded value.
     """

@@ -78,7 +78,7 @@ def size_bytes(text: str) -> int:
     return round(float(number) * (10**9 if unit == "GB" else 10**6))
 
 
-# Variables a matrix may expand in find_links, as the README names them.
+# Variables a matrix may expand in find_links, as docs/custom-images.md names them.
 ENV_VARIABLES = ("TORCH_WHEEL_DIR", "TRTLLM_WHEEL_DIR")
 ENV_REFERENCE = re.compile(r"\$\{(\w+)(?::-([^}$]*))?\}")
 FIND_LINKS = Grammar(

@@ -162,5 +162,5 @@ def load(path: Path, hint: str = "pass --matrix PATH to a matrix file") -> tuple
     except yaml.YAMLError as error:  # reader errors (control characters) carry no mark
         raise UserError(f"malformed YAML: {error}", path) from None
     if node is None:
-        raise UserError("the file is empty; see the README for a minimal matrix", path)
+        raise UserError("the file is empty; docs/custom-images.md says what a matrix holds", path)
     return _walk(node, (), source), source

@@ -224,7 +224,8 @@ def test_alias_shared_by_two_cells_is_rejected(matrix_file: Path, wheels: TorchW
 def test_empty_file_is_rejected(matrix_file: Path, wheels: TorchWheels) -> None:
     matrix_file.write_text("")
     assert (
-        error_of(matrix_file, wheels).line() == f"{matrix_file}: the file is empty; see the README for a minimal matrix"
+        error_of(matrix_file, wheels).line()
+        == f"{matrix_file}: the file is empty; docs/custom-images.md says what a matrix holds"
     )
 
 

@@ -52,7 +52,7 @@ class TestDevelImage(runtime.TestRuntimeImage):
 
     def test_nvcc_compiles_and_links_a_plain_cuda_program(self, image: BuiltCell) -> None:
         if not image.cell.is_cuda:
-            pytest.skip("a CPU cell has no nvcc; run with --cell <a CUDA runtime cell> (README: CUDA cells)")
+            pytest.skip("a CPU cell has no nvcc; run with --cell <a CUDA runtime cell> (docs/testing.md: CUDA cells)")
         script = (
             f"cd /tmp && printf '%s' '{self.CUDA_PROGRAM}' > k.cu"
             " && nvcc -arch=sm_90 -o k k.cu && nvcc -arch=sm_90 -rdc=true -o k_rdc k.cu"
@@ -65,7 +65,7 @@ class TestDevelImage(runtime.TestRuntimeImage):
 
     def test_a_torch_cuda_extension_compiles_and_imports_in_devel(self, image: BuiltCell) -> None:
         if not image.cell.is_cuda:
-            pytest.skip("a CPU cell has no nvcc; run with --cell <a CUDA runtime cell> (README: CUDA cells)")
+            pytest.skip("a CPU cell has no nvcc; run with --cell <a CUDA runtime cell> (docs/testing.md: CUDA cells)")
         program = (
             "import torch\n"
             "from torch.utils.cpp_extension import load_inline\n"

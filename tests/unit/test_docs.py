@@ -1,0 +1,116 @@
+"""The front page stays short and true: every command it shows parses, and every link in it and
+in docs/ resolves (the file, and the heading an anchor names)."""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from builder import cli
+
+REPO = Path(__file__).resolve().parents[2]
+README = REPO / "README.md"
+PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def shell_lines(path: Path) -> list[str]:
+    """The commands of the page's ```sh blocks, without comments and redirections."""
+    commands, inside = [], False
+    for line in path.read_text().splitlines():
+        if line.startswith("```"):
+            inside = line.strip() == "```sh"
+            continue
+        if inside and line.strip() and not line.lstrip().startswith("#"):
+            command = line.split(" #", 1)[0].split(" > ", 1)[0].strip()
+            commands.append(command)
+    return commands
+
+
+def nox_sessions() -> set[str]:
+    tree = ast.parse((REPO / "noxfile.py").read_text())
+    return {
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef) and any("session" in ast.unparse(d) for d in node.decorator_list)
+    }
+
+
+def builder_argv(command: str) -> list[str] | None:
+    """The `python -m builder` arguments a README command runs (a nox session passes its
+    arguments after `--` to the command of the same name), or None for another program."""
+    words = shlex.split(command)
+    if words[:3] == ["python", "-m", "builder"]:
+        return words[3:]
+    if words[:2] == ["./nox", "-s"]:
+        session, rest = words[2], words[3:]
+        assert session in nox_sessions(), f"{command}: no nox session {session!r}"
+        posargs = rest[1:] if rest[:1] == ["--"] else rest
+        return [session, *posargs] if session in {"build", "publish", "smoke"} else []
+    return None
+
+
+def test_the_front_page_is_short() -> None:
+    assert len(README.read_text().splitlines()) <= 150
+
+
+def test_the_quick_start_is_the_two_commands_and_ci_runs_the_second() -> None:
+    assert shell_lines(README)[:2] == ["./nox -s build", "./nox -s tests"]
+    assert "./nox -s tests" in (REPO / ".ci" / "run").read_text().splitlines()
+
+
+@pytest.mark.parametrize("command", [c for c in shell_lines(README) if builder_argv(c)])
+def test_each_builder_command_the_front_page_shows_parses(command: str) -> None:
+    argv = builder_argv(command)
+    assert argv
+    cli.build_parser().parse_args(argv)  # exits 2 on anything the parser does not take
+
+
+def test_each_builder_command_the_front_page_shows_answers_help() -> None:
+    names = sorted({argv[0] for c in shell_lines(README) if (argv := builder_argv(c))})
+    assert {"build", "plan", "publish", "update", "ci"} <= set(names)
+    for name in names:
+        result = subprocess.run(
+            [sys.executable, "-m", "builder", name, "--help"], capture_output=True, text=True, cwd=REPO, check=False
+        )
+        assert result.returncode == 0 and "usage:" in result.stdout, (name, result.stderr)
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor, as GitHub makes it."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    headings, inside = [], False
+    for line in path.read_text().splitlines():
+        if line.startswith("```"):
+            inside = not inside
+        elif not inside and line.startswith("#"):
+            headings.append(line.lstrip("#"))
+    return {slug(h) for h in headings}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_link_resolves(page: Path) -> None:
+    for target in LINK.findall(page.read_text()):
+        if re.match(r"[a-z]+:", target):
+            continue  # an outside address: not checked offline
+        name, _, anchor = target.partition("#")
+        linked = (page.parent / name).resolve() if name else page
+        assert linked.exists(), f"{page.name}: {target} does not exist"
+        if anchor:
+            assert anchor in anchors(linked), f"{page.name}: {target}: no such heading"
+
+
+def test_the_front_page_links_every_docs_page() -> None:
+    linked = set(LINK.findall(README.read_text()))
+    for page in PAGES[1:]:
+        assert f"docs/{page.name}" in linked, page.name
