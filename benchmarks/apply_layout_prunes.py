@@ -9,7 +9,7 @@ this machine's GPU path reads them. It deletes files, so never run it on a machi
 
     python3 benchmarks/apply_layout_prunes.py --yes-this-machine-is-disposable
 
-The layout is read by the builder's own validating loader (builder.spec.layout, which needs
+The layout is read by the builder's own validating loader (builder.config.layout, which needs
 only PyYAML, as the GPU machine's image has it); the rest is the standard library.
 """
 
@@ -26,7 +26,7 @@ from types import ModuleType
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the GPU machine has the checkout, not the installed builder
 
-from builder.spec import layout  # noqa: E402
+from builder.config import layout  # noqa: E402
 
 PRUNE_SCRIPT = ROOT / "templates" / "scripts" / "prune-paths.py"
 

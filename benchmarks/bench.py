@@ -49,7 +49,8 @@ import docker
 from rich.console import Console
 from rich.table import Table
 
-from builder.build import backends, build, context, size, smoke, wheelchoice, wheelhouse, wheelserver
+from builder.assemble import backends, build, context, size, smoke, wheelchoice, wheelhouse, wheelserver
+from builder.config import schema
 from builder.engine import daemon, emulation
 from builder.lock import inputs
 from builder.lock import requirements as lock
@@ -58,7 +59,6 @@ from builder.plan.cell import Cell
 from builder.publish import loopback, multiarch
 from builder.publish.registry import OCI_MANIFEST, Manifest, Registry
 from builder.render import render, served
-from builder.spec import schema
 
 console = Console(width=170)
 

@@ -16,7 +16,8 @@ import docker
 from rich.console import Console
 from rich.table import Table
 
-from builder.build import build, size, smoke, twice, wheelhouse
+from builder.assemble import build, bundle, size, smoke, twice, wheelhouse
+from builder.config import grammar, schema
 from builder.engine import daemon, emulation
 from builder.errors import EXIT_USER_ERROR, UserError
 from builder.facts import compat, refresh
@@ -27,8 +28,7 @@ from builder.plan.cell import Cell
 from builder.publish import existing, publish, staging
 from builder.publish.registry import Registry
 from builder.render import ci, render
-from builder.repro import bundle, recorded
-from builder.spec import grammar, schema
+from builder.repro import recorded
 
 console = Console(stderr=True)
 

@@ -16,7 +16,7 @@ from typing import IO, Any, TypeVar
 import docker
 
 from builder import times
-from builder.spec import platform as platforms
+from builder.config import platform as platforms
 
 # (diff_id, the layer's tar, or None: a layer the engine already has)
 Layers = list[tuple[str, Path | None]]

@@ -26,10 +26,10 @@ import docker
 import docker.errors
 
 from builder import digests, paths
+from builder.config.schema import KeyringSpec
 from builder.engine import archive, emulation
 from builder.errors import UserError
 from builder.plan.cell import BaseImage
-from builder.spec.schema import KeyringSpec
 
 Report = Callable[[str], None]
 

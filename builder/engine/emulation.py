@@ -9,9 +9,9 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from builder.config import platform as platforms
 from builder.engine import daemon
 from builder.errors import UserError
-from builder.spec import platform as platforms
 
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
 # Debian architecture -> qemu's binfmt entry for it

@@ -20,8 +20,8 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from builder import paths
+from builder.config import platform as platforms
 from builder.facts import pypi
-from builder.spec import platform as platforms
 
 TORCH_WHEELS = paths.DATA / "torch_wheels.json"
 TRTLLM = paths.DATA / "trtllm.json"

@@ -7,9 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from builder.config.env import expand_env
+from builder.config.schema import MatrixSpec
 from builder.facts import compat
-from builder.spec.env import expand_env
-from builder.spec.schema import MatrixSpec
 
 
 @dataclass

@@ -7,8 +7,8 @@ data/torch_wheels.json and data/trtllm.json, derived from the wheels' own metada
 
 from __future__ import annotations
 
+from builder.config import platform as platforms
 from builder.facts.compat import TorchBuild, TorchWheels, TrtllmRelease, version_key
-from builder.spec import platform as platforms
 
 
 class MissingFacts(str):

@@ -30,13 +30,13 @@ import docker
 import docker.errors
 
 from builder import confined
+from builder.config import flavor, grammar
 from builder.engine import bases
 from builder.errors import Location, UserError
 from builder.lock import aptindex
 from builder.lock.aptindex import ArchiveFile
 from builder.lock.header import read_text, split, with_header
 from builder.plan.cell import Cell
-from builder.spec import flavor, grammar
 
 DEBIAN_LOCK = "debian.lock"
 INST = re.compile(r"^Inst (\S+) (?:\[[^\]]*\] )?\((\S+) ")

@@ -30,6 +30,9 @@ from pathlib import Path
 from packaging.version import Version
 
 from builder import confined
+from builder.config import flavor, grammar
+from builder.config import platform as platforms
+from builder.config.env import expand_env
 from builder.errors import Location, UserError
 from builder.facts import pypi
 from builder.facts.compat import version_key
@@ -37,9 +40,6 @@ from builder.lock import header
 from builder.lock.header import read_text, split, with_header
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
-from builder.spec import flavor, grammar
-from builder.spec import platform as platforms
-from builder.spec.env import expand_env
 
 STACK_LOCK = "requirements.lock"
 FLAVOR_LOCK = "flavor.lock"

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from builder import confined
+from builder.config import platform as platforms
+from builder.config.schema import KeyringSpec
 from builder.facts.compat import TorchBuild
-from builder.spec import platform as platforms
-from builder.spec.schema import KeyringSpec
 
 # The file in a cell's folder that names the image ID its build is expected to give: written by
 # the repro stage (repro/recorded.py), and among the files render keeps or removes with the cell.

@@ -13,16 +13,16 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from builder.config import flavor as flavors
+from builder.config import grammar
+from builder.config import platform as platforms
+from builder.config.env import expand_env
+from builder.config.schema import DEFAULT_MATRIX, BaseSpec, IndexSpec, MatrixSpec, Selector, images_folder, parse
+from builder.config.yamlsource import FieldPath, SourceMap, dotted
 from builder.errors import UserError
 from builder.facts import rules
 from builder.facts.compat import TorchWheels, TrtllmRelease, load_trtllm
 from builder.plan.cell import BaseImage, Cell
-from builder.spec import flavor as flavors
-from builder.spec import grammar
-from builder.spec import platform as platforms
-from builder.spec.env import expand_env
-from builder.spec.schema import DEFAULT_MATRIX, BaseSpec, IndexSpec, MatrixSpec, Selector, images_folder, parse
-from builder.spec.yamlsource import FieldPath, SourceMap, dotted
 
 
 @dataclass

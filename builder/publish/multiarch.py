@@ -10,17 +10,14 @@ with one platform stays a plain image manifest, as before.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
 
+from builder.config import platform as platforms
 from builder.engine import archive
 from builder.errors import UserError
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
+from builder.publish.publication import Publication
 from builder.publish.registry import OCI_INDEX, Manifest, Registry
-from builder.spec import platform as platforms
-
-if TYPE_CHECKING:
-    from builder.publish.publish import Publication
 
 Report = Callable[[str], None]
 

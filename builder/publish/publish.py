@@ -19,51 +19,25 @@ import json
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import docker
 import docker.errors
 
 from builder import times
-from builder.build import smoke
-from builder.build.build import BUILD_ID_LABEL, local_reference
+from builder.assemble import smoke
+from builder.assemble.build import BUILD_ID_LABEL, local_reference
+from builder.config import platform as platforms
 from builder.errors import UserError
 from builder.lock import requirements as lock
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
 from builder.publish import multiarch, sbom
+from builder.publish.publication import Publication
 from builder.publish.registry import Manifest, Registry
-from builder.spec import platform as platforms
 
 TABLE_START, TABLE_END = "<!-- published-tags:start -->", "<!-- published-tags:end -->"
 Report = Callable[[str], None]
-
-
-@dataclass
-class Publication:
-    cell: Cell
-    image_id: str
-    report: dict[str, Any]
-    build_id: str = ""  # the image's io.torch-images.build-id label: a content hash of its inputs
-    digest: str = ""
-    unchanged: bool = False
-    moved_aliases: list[str] = field(default_factory=list)
-    attached: list[str] = field(default_factory=list)  # artifacts this run attached (sbom, selftest)
-    staging_tag: str = ""  # pushed under this tag instead of the versioned one (publish --stage)
-    image_tag: str = ""  # `<tag>-<arch>` when the versioned tag is a multi-arch index (multiarch.py)
-    tag_digest: str = ""  # what the versioned tag points at, when not the image itself: the index
-
-    @property
-    def target(self) -> str:
-        """The tag this run pushes the image under."""
-        return self.staging_tag or self.image_tag or self.cell.tag
-
-    @property
-    def points_to(self) -> str:
-        """The digest the versioned tag and the aliases name: the image's, or its index's."""
-        return self.tag_digest or self.digest
 
 
 def gate(engine: docker.DockerClient, grid: Matrix, cells: list[Cell]) -> list[Publication]:

@@ -20,14 +20,15 @@ from pathlib import Path
 
 import docker
 
-from builder.build import build, smoke
+from builder.assemble import build, smoke
+from builder.config import grammar
 from builder.errors import UserError
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
 from builder.publish import existing, multiarch, publish
-from builder.publish.publish import ARTIFACT_TYPES, Publication
+from builder.publish.publication import Publication
+from builder.publish.publish import ARTIFACT_TYPES
 from builder.publish.registry import IMAGE_TYPES, Registry
-from builder.spec import grammar
 
 Report = Callable[[str], None]
 RUN = grammar.Grammar(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,39}", "a run ID of letters, digits, '_' and '-' (CI's run number)")

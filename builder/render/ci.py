@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from builder.config import grammar
+from builder.config.schema import DEFAULT_MATRIX
 from builder.errors import UserError
 from builder.plan.matrix import Matrix
 from builder.render import render
-from builder.spec import grammar
-from builder.spec.schema import DEFAULT_MATRIX
 
 SYSTEMS = ("github", "gitlab")
 # GitHub's hosted runner per platform: arm64 cells build natively on GitHub's arm64 runners.

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder import confined
+from builder.config import grammar
 from builder.errors import Location, UserError
 from builder.plan.cell import RECORDED_IMAGE_ID_FILE, Cell
-from builder.spec import grammar
 
 IMAGE_ID = RECORDED_IMAGE_ID_FILE
 MAX_RECORD_BYTES = 4096  # two lines of about 80 characters

@@ -20,7 +20,7 @@ import docker
 import docker.errors
 import pytest
 
-from builder.build import build, smoke, wheelhouse
+from builder.assemble import build, smoke, wheelhouse
 from builder.engine import daemon
 from builder.plan import matrix
 from builder.plan.cell import Cell

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from builder.build import backends, build, context, wheelhouse
+from builder.assemble import backends, build, context, wheelhouse
 from tests.integration.conftest import BuiltCell
 
 pytestmark = pytest.mark.integration

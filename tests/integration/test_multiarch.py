@@ -13,7 +13,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from builder.build import build, smoke, wheelhouse
+from builder.assemble import build, smoke, wheelhouse
 from builder.engine import emulation
 from builder.errors import UserError
 from builder.plan.cell import Cell

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from builder.build import build
-from builder.repro import bundle, recorded
+from builder.assemble import build, bundle
+from builder.repro import recorded
 from tests.integration.conftest import REPO, BuiltCell
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.build import build, smoke, wheelhouse
+from builder.assemble import build, smoke, wheelhouse
 from builder.errors import UserError
 from builder.plan.matrix import Matrix
 from builder.publish import existing, loopback, publish, staging

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from builder.build import build, wheelhouse
+from builder.assemble import build, wheelhouse
 from builder.engine import bases
 from builder.repro import normalize, verify
 from tests.integration.conftest import BuiltCell

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from builder import cli
-from builder.build import size
-from builder.spec.schema import BudgetSpec
+from builder.assemble import size
+from builder.config.schema import BudgetSpec
 from tests.integration.conftest import BuiltCell
 
 pytestmark = pytest.mark.integration

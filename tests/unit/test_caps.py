@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from builder import confined
-from builder.build import smoke
+from builder.assemble import bundle, smoke
+from builder.config import yamlsource
+from builder.config.schema import parse
 from builder.errors import UserError
 from builder.lock import header
 from builder.plan import matrix
 from builder.publish import auth, registry
-from builder.repro import bundle, recorded
-from builder.spec import yamlsource
-from builder.spec.schema import parse
+from builder.repro import recorded
 from tests.unit.test_hostile_inputs import Project, assert_one_line_error, project, run
 from tests.unit.test_registry_answers import IMAGE_ID, OCI_INDEX, Scripted, _digest, hostile, passing_report
 

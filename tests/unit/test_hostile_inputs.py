@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from builder import cli
-from builder.build import wheelhouse, wheelserver
+from builder.assemble import wheelhouse, wheelserver
 from builder.errors import UserError
 from builder.lock import header as lockheader
 from builder.lock import requirements as lock

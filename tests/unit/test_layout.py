@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from builder import paths
-from builder.build import size
+from builder.assemble import size
+from builder.config import layout
 from builder.errors import UserError
-from builder.spec import layout
 
 SCRIPTS = paths.TEMPLATES / "scripts"
 

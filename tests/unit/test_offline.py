@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 from builder import digests
-from builder.build import aptrepo, wheelhouse
-from builder.build.wheelchoice import WheelRef
+from builder.assemble import aptrepo, bundle, wheelhouse
+from builder.assemble.wheelchoice import WheelRef
 from builder.errors import UserError
 from builder.lock.aptindex import ArchiveFile
 from builder.plan.cell import Cell
 from builder.plan.matrix import load_matrix
 from builder.render import served
-from builder.repro import bundle, recorded
+from builder.repro import recorded
 from tests.conftest import FIXTURES
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.build import wheelchoice
+from builder.assemble import wheelchoice
 from builder.errors import UserError
 from builder.facts.compat import TorchWheels
 from builder.lock import requirements as lock

@@ -22,7 +22,7 @@ from typing import ClassVar
 
 import pytest
 
-from builder.build import smoke
+from builder.assemble import smoke
 from builder.errors import UserError
 from builder.publish import auth, publish, registry
 from builder.publish.registry import OCI_INDEX, OCI_MANIFEST, Registry

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.build import wheelchoice, wheelhouse, wheelserver
+from builder.assemble import wheelchoice, wheelhouse, wheelserver
 from builder.errors import UserError
 from builder.facts.compat import TorchWheels
 from builder.lock import requirements as lock

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from builder.build import build, smoke
+from builder.assemble import build, smoke
+from builder.config import layout
 from builder.lock import requirements as lock
-from builder.spec import layout
 from tests import image_checks
 from tests.integration.conftest import BuiltCell, smoke_of
 

@@ -13,13 +13,13 @@ from packaging import tags as wheel_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from builder import digests
+from builder.config import platform
+from builder.config.env import expand_env
 from builder.errors import UserError
 from builder.facts import pypi
 from builder.lock.requirements import Lockfile
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
-from builder.spec import platform
-from builder.spec.env import expand_env
 
 
 @dataclass(frozen=True)

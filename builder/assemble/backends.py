@@ -14,7 +14,7 @@ from pathlib import Path
 
 import docker
 
-from builder.build.context import context_tar
+from builder.assemble.context import context_tar
 from builder.errors import UserError
 from builder.plan.cell import Cell
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import docker
 
+from builder.config.grammar import size_bytes
+from builder.config.schema import BudgetSpec
 from builder.engine import archive
-from builder.spec.grammar import size_bytes
-from builder.spec.schema import BudgetSpec
 
 SITE_PACKAGES = re.compile(
     r"^(?:opt/venv/)?(?:usr/(?:local/)?)?lib/python3[^/]*/(?:site|dist)-packages/([^/]+)(/[^/]+)?"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 
-from builder.spec import grammar
+from builder.config import grammar
 
 
 def expand_env(text: str) -> str:

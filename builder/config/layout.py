@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from builder import paths
+from builder.config import flavor, grammar, yamlsource
 from builder.errors import UserError
-from builder.spec import flavor, grammar, yamlsource
 
 LAYOUT_FILE = paths.DATA / "layout.yaml"
 REST = "rest"

@@ -12,11 +12,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from builder.config import flavor as flavors
+from builder.config import grammar
+from builder.config.grammar import Grammar
+from builder.config.yamlsource import FieldPath, SourceMap, dotted, load
 from builder.errors import Location, UserError
-from builder.spec import flavor as flavors
-from builder.spec import grammar
-from builder.spec.grammar import Grammar
-from builder.spec.yamlsource import FieldPath, SourceMap, dotted, load
 
 DEFAULT_MATRIX = Path("matrix.yaml")
 

@@ -7,8 +7,8 @@ from contextlib import AbstractContextManager
 
 import docker
 
-from builder.build import build
-from builder.build.wheelhouse import Wheelhouse
+from builder.assemble import build
+from builder.assemble.wheelhouse import Wheelhouse
 from builder.errors import UserError
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix

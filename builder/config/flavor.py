@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from builder import paths
+from builder.config import grammar, yamlsource
 from builder.errors import UserError
-from builder.spec import grammar, yamlsource
 
 FLAVORS_FILE = paths.DATA / "flavors.yaml"
 

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from builder import confined
-from builder.build.wheelhouse import MARKER, Wheelhouse
+from builder.assemble.wheelhouse import MARKER, Wheelhouse
 from builder.errors import UserError
 
 

@@ -30,8 +30,8 @@ from pathlib import Path
 from filelock import FileLock
 
 from builder import confined, digests, paths
-from builder.build import wheelchoice
-from builder.build.wheelchoice import WheelRef
+from builder.assemble import wheelchoice
+from builder.assemble.wheelchoice import WheelRef
 from builder.errors import UserError
 from builder.lock.requirements import Lockfile
 from builder.plan.cell import Cell

@@ -19,9 +19,11 @@ import docker.errors
 import docker.models.images
 
 from builder import times
-from builder.build import aptrepo, backends, size, wheelhouse, wheelserver
-from builder.build.backends import BuildRequest
-from builder.build.context import build_id
+from builder.assemble import aptrepo, backends, size, wheelhouse, wheelserver
+from builder.assemble.backends import BuildRequest
+from builder.assemble.context import build_id
+from builder.config import layout
+from builder.config import platform as platforms
 from builder.engine import bases, emulation
 from builder.errors import UserError
 from builder.lock import inputs
@@ -30,8 +32,6 @@ from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
 from builder.render import render, served
 from builder.repro import normalize as repro
-from builder.spec import layout
-from builder.spec import platform as platforms
 
 BUILD_ID_LABEL = "io.torch-images.build-id"
 BUILD_CACHE_REPOSITORY = "torch-images/build-cache"

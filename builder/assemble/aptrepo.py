@@ -20,8 +20,8 @@ from pathlib import Path
 
 from debian import debfile
 
-from builder.build.wheelchoice import WheelRef
-from builder.build.wheelhouse import Wheelhouse
+from builder.assemble.wheelchoice import WheelRef
+from builder.assemble.wheelhouse import Wheelhouse
 from builder.lock.aptindex import ArchiveFile
 from builder.plan.cell import BaseImage
 from builder.render import served

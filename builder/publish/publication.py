@@ -1,0 +1,34 @@
+"""One cell's image on its way to the registry: what publish, staging and multiarch hand each
+other (its own module, so that none of them imports another for it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from builder.plan.cell import Cell
+
+
+@dataclass
+class Publication:
+    cell: Cell
+    image_id: str
+    report: dict[str, Any]
+    build_id: str = ""  # the image's io.torch-images.build-id label: a content hash of its inputs
+    digest: str = ""
+    unchanged: bool = False
+    moved_aliases: list[str] = field(default_factory=list)
+    attached: list[str] = field(default_factory=list)  # artifacts this run attached (sbom, selftest)
+    staging_tag: str = ""  # pushed under this tag instead of the versioned one (publish --stage)
+    image_tag: str = ""  # `<tag>-<arch>` when the versioned tag is a multi-arch index (multiarch.py)
+    tag_digest: str = ""  # what the versioned tag points at, when not the image itself: the index
+
+    @property
+    def target(self) -> str:
+        """The tag this run pushes the image under."""
+        return self.staging_tag or self.image_tag or self.cell.tag
+
+    @property
+    def points_to(self) -> str:
+        """The digest the versioned tag and the aliases name: the image's, or its index's."""
+        return self.tag_digest or self.digest
