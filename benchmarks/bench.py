@@ -103,15 +103,19 @@ def bench_noop_rebuild(grid: matrix.Matrix, cell: Cell, results: list[build.Buil
     client = daemon.client()
     house = wheelhouse.Wheelhouse()
     target = "<= 1.2"
-    first = build.build_cell(client, grid, cell, house, lambda _: None)
+    first = build.build_cell(client, grid, build.preflight(cell, grid), house, lambda _: None)
     results.append(first)
     if first.status not in ("built", "unchanged"):
         return Row("no-op rebuild", "build failed", first.detail, None, target, False)
     cli = classic_docker_cli()
     if cli is None:
         return Row("no-op rebuild", "-", "no docker CLI with the classic builder", None, target, None)
-    builder_s = min(_seconds(lambda: build.build_cell(client, grid, cell, house, lambda _: None)) for _ in range(3))
-    base_ref = build.cell_base(client, grid, cell, lambda _: None)
+    # Timed as a user's no-op rebuild runs: its inputs read and checked, then the build ID found.
+    builder_s = min(
+        _seconds(lambda: build.build_cell(client, grid, build.preflight(cell, grid), house, lambda _: None))
+        for _ in range(3)
+    )
+    base_ref = build.cell_base(client, grid, build.preflight(cell, grid), lambda _: None)
     context_bytes = context.context_tar(cell, grid.spec.source_date_epoch).getvalue()
     reference = "torch-images/bench:noop"
     command = [
@@ -190,7 +194,7 @@ def _cold_build(grid: matrix.Matrix, cell: Cell, reference: str, settle: bool) -
         for path, text in render.rendered(locks, grid, settle=settle).items():
             (variant.directory / path.name).write_text(text)
         build.offer_inputs(house, grid, locks)
-        base_ref = build.cell_base(client, grid, cell, lambda _: None, house)
+        base_ref = build.cell_base(client, grid, build.preflight(cell, grid), lambda _: None, house)
         started = time.perf_counter()
         with wheelserver.serve(house, grid.spec.wheelhouse.listen):
             error = backends.classic_build(
@@ -213,7 +217,13 @@ def bench_normalization(grid: matrix.Matrix, cell: Cell, results: list[build.Bui
     finally:
         build.remove_image(client, plain_reference)
     shipped = build.build_cell(
-        client, grid, cell, wheelhouse.Wheelhouse(), lambda _: None, no_cache=True, normalize=True
+        client,
+        grid,
+        build.preflight(cell, grid),
+        wheelhouse.Wheelhouse(),
+        lambda _: None,
+        no_cache=True,
+        normalize=True,
     )
     results.append(shipped)
     if shipped.status != "built":
@@ -252,8 +262,10 @@ def bench_arm64(results: list[build.BuildResult]) -> list[Row]:
     grid = matrix.load_matrix(ARM64_MATRIX)
     cell = next(c for c in grid.cells if c.platform == "linux/arm64")
     client = daemon.client()
-    build.cell_base(client, grid, cell, lambda _: None)  # a bootstrap is not the build
-    built = build.build_cell(client, grid, cell, wheelhouse.Wheelhouse(), lambda _: None, no_cache=True)
+    build.cell_base(client, grid, build.preflight(cell, grid), lambda _: None)  # a bootstrap is not the build
+    built = build.build_cell(
+        client, grid, build.preflight(cell, grid), wheelhouse.Wheelhouse(), lambda _: None, no_cache=True
+    )
     results.append(built)
     target = "< 1200 s"
     if built.status != "built":
@@ -277,7 +289,7 @@ def bench_size(grid: matrix.Matrix, results: list[build.BuildResult], push_pull:
     same files in one layer, and compressed sizes (issue 12's targets)."""
     client = daemon.client()
     cell = grid.flagship
-    shipped = build.build_cell(client, grid, cell, wheelhouse.Wheelhouse(), lambda _: None)
+    shipped = build.build_cell(client, grid, build.preflight(cell, grid), wheelhouse.Wheelhouse(), lambda _: None)
     results.append(shipped)
     if shipped.status not in ("built", "unchanged"):
         return [Row("flagship size", "build failed", shipped.detail, None, "-", False)]
@@ -316,7 +328,7 @@ def bench_size(grid: matrix.Matrix, results: list[build.BuildResult], push_pull:
     ]
     sibling = grid.sibling(cell, "devel")
     if sibling is not None:
-        devel = build.build_cell(client, grid, sibling, wheelhouse.Wheelhouse(), lambda _: None)
+        devel = build.build_cell(client, grid, build.preflight(sibling, grid), wheelhouse.Wheelhouse(), lambda _: None)
         results.append(devel)
         largest_devel = max((b for _, b in devel.layers), default=0)
         rows.append(
@@ -333,7 +345,9 @@ def bench_size(grid: matrix.Matrix, results: list[build.BuildResult], push_pull:
     build.discard_intermediates(client, results)  # they hold the same layers: a pull would skip them
     if not push_pull:
         return rows
-    return rows + _push_and_pull(client, shipped.reference, build.cell_base(client, grid, cell, lambda _: None))
+    return rows + _push_and_pull(
+        client, shipped.reference, build.cell_base(client, grid, build.preflight(cell, grid), lambda _: None)
+    )
 
 
 def _naive_sizes(grid: matrix.Matrix, cell: Cell) -> tuple[int, int]:
@@ -341,10 +355,10 @@ def _naive_sizes(grid: matrix.Matrix, cell: Cell) -> tuple[int, int]:
     wheelhouse preparation and one server for both builds."""
     client = daemon.client()
     house = wheelhouse.Wheelhouse()
-    locks = inputs.read(cell, grid)
+    locks = build.preflight(cell, grid)
     assert locks.stack is not None
     house.prepare(cell, grid, locks.python_locks)
-    base_references = [build.cell_base(client, grid, cell, lambda _: None, house, slim=slim) for slim in (False, True)]
+    base_references = [build.cell_base(client, grid, locks, lambda _: None, house, slim=slim) for slim in (False, True)]
     reference = "torch-images/bench:naive"
     listen = grid.spec.wheelhouse.listen
     sizes = []
@@ -462,7 +476,10 @@ def bench_skip_existing(grid: matrix.Matrix, path: Path) -> Row:
     versioned tag in a loopback registry (stand-in images carrying the label: building the whole
     matrix here would take hours). Bases are obtained first, untimed."""
     client = daemon.client()
-    build_ids = {cell.name: build.cell_build_id(client, grid, cell, report=lambda _: None)[1] for cell in grid.cells}
+    build_ids = {
+        cell.name: build.cell_build_id(client, grid, build.preflight(cell, grid), report=lambda _: None)[1]
+        for cell in grid.cells
+    }
     with tempfile.TemporaryDirectory() as scratch, loopback.registry(Path(scratch, "registry")) as host:
         api = Registry(host)
         for cell in grid.cells:
@@ -494,7 +511,10 @@ def _untag_cell_and_base(grid: matrix.Matrix, cell: Cell) -> None:
     """Take the cell's and its base's tags off (the images stay by ID), so a rebuild bootstraps
     the base again and finds no earlier image."""
     client = daemon.client()
-    for tag in (build.local_reference(grid, cell), build.cell_base(client, grid, cell, lambda _: None)):
+    for tag in (
+        build.local_reference(grid, cell),
+        build.cell_base(client, grid, build.preflight(cell, grid), lambda _: None),
+    ):
         with contextlib.suppress(docker.errors.ImageNotFound):
             client.api.remove_image(tag, noprune=True)
 

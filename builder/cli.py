@@ -23,6 +23,7 @@ from builder.errors import EXIT_USER_ERROR, UserError
 from builder.facts import compat, refresh
 from builder.lock import debian, inputs
 from builder.lock import requirements as lock
+from builder.lock.inputs import CellLocks
 from builder.plan import matrix, offers
 from builder.plan.cell import Cell
 from builder.publish import existing, publish, staging
@@ -188,7 +189,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     try:
         for cell in cells:
             published = functools.partial(existing.is_published, registry, grid, cell) if registry else None
-            results.append(_build_and_test(client, grid, cell, house, args, published))
+            results.append(_build_and_test(client, grid, checked[cell.name], house, args, published))
     finally:
         if args.keep_build_cache:
             for name in build.keep_intermediates(client, results):
@@ -203,7 +204,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     Console(width=200).print(table)
     # An offline rebuild is a reproduction: an image other than the recorded one fails it.
     differs = args.offline and any(r.recorded is False for r in results)
-    return 0 if all(not r.status.startswith("failed") for r in results) and not differs else 1
+    return 0 if all(not r.state.failed for r in results) and not differs else 1
 
 
 def _use_registry_option(grid: matrix.Matrix, args: argparse.Namespace) -> None:
@@ -222,33 +223,34 @@ def _registry(grid: matrix.Matrix, args: argparse.Namespace) -> Registry:
 def _build_and_test(
     client: docker.DockerClient,
     grid: matrix.Matrix,
-    cell: Cell,
+    locks: CellLocks,
     house: wheelhouse.Wheelhouse,
     args: argparse.Namespace,
     published: Callable[[str], bool] | None = None,
 ) -> build.BuildResult:
+    cell = locks.cell
     with progress(f"{cell.name}: starting") as report:
         result = build.build_cell(
-            client, grid, cell, house, report, args.no_cache, not args.no_normalize, args.backend, published=published
+            client, grid, locks, house, report, args.no_cache, not args.no_normalize, args.backend, published=published
         )
-        if result.status in ("built", "unchanged") and (args.backend, not args.no_normalize) == recorded.RECORDED_PATH:
+        if result.has_image and (args.backend, not args.no_normalize) == recorded.RECORDED_PATH:
             result.recorded, said = recorded.compare(cell, result.image_id, result.build_id)
             report(f"{cell.name}: {said}")
             if result.recorded is not None:
-                result.status += ", recorded ID" if result.recorded else ", NOT the recorded ID"
+                result.notes.append("recorded ID" if result.recorded else "NOT the recorded ID")
         if result.layers:
             report(f"{cell.name}: layers " + ", ".join(size.human(b) for _, b in result.layers))
-        if result.status in ("built", "unchanged") and not args.no_smoke:
+        if result.has_image and not args.no_smoke:
             known = smoke.passing_report(result.image_id)
             if known is not None:
-                result.status += ", self-test pass (earlier run, same image ID)"
+                result.notes.append("self-test pass (earlier run, same image ID)")
             else:
                 report(f"{cell.name}: running the self-test in the image")
                 verdict = smoke.run(client, result.reference)
-                result.status = f"{result.status}, self-test {verdict.status}"
+                result.notes.append(f"self-test {verdict.status}")
                 result.detail = verdict.summary
                 if verdict.status != "pass":
-                    result.status = "failed: self-test"
+                    result.state = build.BuildState.SELFTEST_FAILED
     console.print(
         f"{cell.name}: {result.status} ({result.detail})" if result.detail else f"{cell.name}: {result.status}",
         highlight=False,

@@ -9,6 +9,7 @@ steps reach the wheelhouse on loopback; wheel files never enter the build contex
 from __future__ import annotations
 
 import contextlib
+import enum
 import hashlib
 import time
 from collections.abc import Callable
@@ -38,6 +39,23 @@ BUILD_CACHE_REPOSITORY = "torch-images/build-cache"
 Report = Callable[[str], None]
 
 
+class BuildState(str, enum.Enum):
+    """Where a cell's build ended. Notes (the recorded ID, the self-test's verdict) are kept
+    apart, so that adding one never changes the state a later step decides on."""
+
+    PENDING = "pending"
+    BUILT = "built"
+    UNCHANGED = "unchanged"  # the image with this build ID was in the engine already
+    IN_REGISTRY = "in registry"  # `build --skip-existing`: this build ID is published; not built
+    FAILED = "failed"
+    OVER_BUDGET = "failed: over budget"
+    SELFTEST_FAILED = "failed: self-test"
+
+    @property
+    def failed(self) -> bool:
+        return self.value.startswith("failed")
+
+
 @dataclass
 class BuildResult:
     cell: str
@@ -45,12 +63,23 @@ class BuildResult:
     image_id: str = ""
     size_bytes: int = 0
     seconds: float = 0.0
-    status: str = "pending"  # built | unchanged | in registry | failed | then smoke's verdict
+    state: BuildState = BuildState.PENDING
+    notes: list[str] = field(default_factory=list)  # said after the state: "recorded ID", the self-test's verdict
     detail: str = ""
     build_id: str = ""
     intermediate: str = ""  # the engine's image before normalization, when it differs from the result
     layers: list[tuple[str, int]] = field(default_factory=list)  # (step, bytes) of each layer, bottom first
     recorded: bool | None = None  # whether the image is images/<cell>/image-id (None: none recorded)
+
+    @property
+    def has_image(self) -> bool:
+        """Built, or found unchanged: there is an image to compare and self-test."""
+        return self.state in (BuildState.BUILT, BuildState.UNCHANGED)
+
+    @property
+    def status(self) -> str:
+        """The state and its notes, as the summary table shows them."""
+        return ", ".join([self.state.value, *self.notes])
 
 
 def local_reference(grid: Matrix, cell: Cell) -> str:
@@ -97,7 +126,7 @@ def offer_inputs(house: wheelhouse.Wheelhouse, grid: Matrix, locks: CellLocks) -
 def cell_base(
     engine: docker.DockerClient,
     grid: Matrix,
-    cell: Cell,
+    locks: CellLocks,
     report: Report = print,
     house: wheelhouse.Wheelhouse | None = None,
     slim: bool = True,
@@ -106,7 +135,7 @@ def cell_base(
     packages (fetched into the cache, or already there) when the engine lacks it, leaving out
     what data/layout.yaml's dpkg rules leave out of every image (slim=False keeps it all: the
     size benchmark's stand-in for the distro's own full image)."""
-    pins = preflight(cell, grid).debian
+    cell, pins = locks.cell, locks.debian
     assert pins is not None  # preflight refuses a cell without its debian.lock
     files = pins.files_of(pins.base)
     where = served.apt_repository(files)
@@ -129,20 +158,20 @@ def cell_base(
 def cell_build_id(
     engine: docker.DockerClient,
     grid: Matrix,
-    cell: Cell,
+    locks: CellLocks,
     backend: str = "sdk",
     report: Report = print,
     house: wheelhouse.Wheelhouse | None = None,
 ) -> tuple[str, str]:
     """The base the cell builds on (obtained if missing) and the cell's build ID, without building."""
-    base_reference = cell_base(engine, grid, cell, report, house)
-    return base_reference, build_id(cell, engine.images.get(base_reference).id, backend)
+    base_reference = cell_base(engine, grid, locks, report, house)
+    return base_reference, build_id(locks.cell, engine.images.get(base_reference).id, backend)
 
 
 def build_cell(
     engine: docker.DockerClient,
     grid: Matrix,
-    cell: Cell,
+    locks: CellLocks,
     house: wheelhouse.Wheelhouse,
     report: Report,
     no_cache: bool = False,
@@ -155,21 +184,26 @@ def build_cell(
     is (status "unchanged") unless no_cache, and one whose build ID is `published` (in the
     registry: `build --skip-existing`) is not built at all (status "in registry"). The engine's
     pre-normalization image is returned as `intermediate` for the caller to remove (see
-    discard_intermediates)."""
+    discard_intermediates). `locks` are the cell's inputs as `preflight` read and checked them,
+    once per cell and run: nothing here reads them again."""
+    cell = locks.cell
     reference = reference or local_reference(grid, cell)
     result = BuildResult(cell.name, reference)
     started = time.monotonic()
-    locks = preflight(cell, grid)
-    base_reference, result.build_id = cell_build_id(engine, grid, cell, backend, report, house)
+    base_reference, result.build_id = cell_build_id(engine, grid, locks, backend, report, house)
     if published is not None and published(result.build_id):
         report(f"{cell.name}: build ID {result.build_id[:12]} is already in the registry; not built")
-        result.status, result.seconds = "in registry", time.monotonic() - started
+        result.state, result.seconds = BuildState.IN_REGISTRY, time.monotonic() - started
         return result
     normalized_at = times.iso_utc(grid.spec.source_date_epoch).removesuffix("Z") if normalize else None
     existing = None if no_cache else _existing_build(engine, reference, result.build_id, normalized_at)
     if existing is not None:
         report(f"{cell.name}: unchanged since its last build (build ID {result.build_id[:12]})")
-        result.image_id, result.size_bytes, result.status = existing.id, int(existing.attrs["Size"]), "unchanged"
+        result.image_id, result.size_bytes, result.state = (
+            existing.id,
+            int(existing.attrs["Size"]),
+            BuildState.UNCHANGED,
+        )
         result.seconds = time.monotonic() - started
         return _within_budget(engine, grid, cell, result)
     emulation.ensure(cell.base.arch, report)  # another architecture's RUN steps run under qemu
@@ -186,7 +220,7 @@ def build_cell(
             error = backends.classic_build(engine, request, report)
     result.seconds = time.monotonic() - started
     if error:
-        result.status, result.detail = "failed", error
+        result.state, result.detail = BuildState.FAILED, error
         return result
     raw_id = engine.images.get(reference).id
     if normalize:
@@ -196,7 +230,7 @@ def build_cell(
             result.intermediate = raw_id
         result.seconds = time.monotonic() - started
     image = engine.images.get(reference)
-    result.image_id, result.size_bytes, result.status = image.id, int(image.attrs["Size"]), "built"
+    result.image_id, result.size_bytes, result.state = image.id, int(image.attrs["Size"]), BuildState.BUILT
     return _within_budget(engine, grid, cell, result)
 
 
@@ -206,7 +240,7 @@ def _within_budget(engine: docker.DockerClient, grid: Matrix, cell: Cell, result
     budget = grid.spec.budgets.get(cell.flavor)
     problem = size.over_budget(engine, result.image_id, cell.flavor, budget, result.layers) if budget else ""
     if problem:
-        result.status, result.detail = "failed: over budget", problem
+        result.state, result.detail = BuildState.OVER_BUDGET, problem
     return result
 
 

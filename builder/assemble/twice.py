@@ -22,10 +22,11 @@ def build_once(
 ) -> tuple[str, str]:
     """Build the cell without cache (its intermediate steps removed after); returns the image ID
     and the build ID (the inputs it was built from)."""
+    locks = build.preflight(cell, grid)
     with progress(f"{cell.name}: building without cache") as report:
-        result = build.build_cell(engine, grid, cell, house, report, no_cache=True)
+        result = build.build_cell(engine, grid, locks, house, report, no_cache=True)
     build.discard_intermediates(engine, [result])
-    if result.status != "built":
+    if result.state is not build.BuildState.BUILT:
         raise UserError(f"{cell.name}: the build failed: {result.detail}")
     return result.image_id, result.build_id
 

@@ -71,7 +71,7 @@ def _stage_published(
     engine: docker.DockerClient, registry: Registry, grid: Matrix, cell: Cell, run: str, report: Report
 ) -> Publication:
     """A cell not built here because its build is in the registry: stage that manifest."""
-    _, build_id = build.cell_build_id(engine, grid, cell, report=report)
+    _, build_id = build.cell_build_id(engine, grid, build.preflight(cell, grid), report=report)
     if not existing.is_published(registry, grid, cell, build_id):
         raise UserError(
             f"{cell.name}: not built here and build ID {build_id[:12]} is not in {grid.spec.registry}; "

@@ -66,7 +66,7 @@ def built(client: docker.DockerClient, pytestconfig: pytest.Config) -> Iterator[
     grid = matrix.load_matrix(REPO / "matrix.yaml")
     cell = _pick_cell(grid, pytestconfig.getoption("--cell"))
     reference = build.local_reference(grid, cell)
-    result = build.build_cell(client, grid, cell, wheelhouse.Wheelhouse(), print, no_cache=True)
+    result = build.build_cell(client, grid, build.preflight(cell, grid), wheelhouse.Wheelhouse(), print, no_cache=True)
     assert result.status == "built", result.detail
     # Its intermediate steps stay until the session ends: the devel sibling reuses them.
     yield BuiltCell(grid, cell, reference, result.image_id, client, result.build_id)
@@ -79,7 +79,9 @@ def built_devel(built: BuiltCell) -> BuiltCell:
     cell = built.grid.sibling(built.cell, "devel")
     if cell is None:
         pytest.skip(f"the matrix has no devel sibling of {built.cell.name}")
-    result = build.build_cell(built.client, built.grid, cell, wheelhouse.Wheelhouse(), print)
+    result = build.build_cell(
+        built.client, built.grid, build.preflight(cell, built.grid), wheelhouse.Wheelhouse(), print
+    )
     assert result.status in ("built", "unchanged"), result.detail
     return BuiltCell(
         built.grid, cell, build.local_reference(built.grid, cell), result.image_id, built.client, result.build_id

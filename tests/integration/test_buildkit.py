@@ -21,7 +21,13 @@ def test_buildkit_builds_the_cell_and_its_torch_runs(built: BuiltCell) -> None:
     reference = f"{built.reference}-buildkit"
     grid, cell = built.grid, built.cell
     result = build.build_cell(
-        built.client, grid, cell, wheelhouse.Wheelhouse(), print, backend="buildkit", reference=reference
+        built.client,
+        grid,
+        build.preflight(cell, grid),
+        wheelhouse.Wheelhouse(),
+        print,
+        backend="buildkit",
+        reference=reference,
     )
     try:
         assert result.status == "built", result.detail
@@ -40,7 +46,9 @@ def test_buildkit_builds_the_cell_and_its_torch_runs(built: BuiltCell) -> None:
             labels[build.BUILD_ID_LABEL]
             == result.build_id
             != context.build_id(
-                cell, built.client.images.get(build.cell_base(built.client, grid, cell, print)).id, "sdk"
+                cell,
+                built.client.images.get(build.cell_base(built.client, grid, build.preflight(cell, grid), print)).id,
+                "sdk",
             )
         )
     finally:

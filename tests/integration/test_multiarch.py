@@ -42,7 +42,7 @@ def both_built(client: docker.DockerClient, grid: Matrix) -> Iterator[dict[str, 
     """Each platform's image built and self-tested: cell name -> image ID."""
     built: dict[str, str] = {}
     for cell in grid.platforms_of(grid.flagship):
-        result = build.build_cell(client, grid, cell, wheelhouse.Wheelhouse(), print)
+        result = build.build_cell(client, grid, build.preflight(cell, grid), wheelhouse.Wheelhouse(), print)
         assert result.status in ("built", "unchanged"), result.detail
         built[cell.name] = result.image_id
     yield built

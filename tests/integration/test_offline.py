@@ -66,7 +66,7 @@ def test_a_bundle_rebuilds_the_same_image_offline_with_an_empty_cache(
     # Nothing of the first build may serve the second: its tag, and the base's, are taken off
     # (the images stay under their IDs for the rest of the session), and the rebuild is without
     # cache, from an empty wheelhouse, with every address but loopback refused.
-    base = build.cell_base(built.client, built.grid, built.cell, print)
+    base = build.cell_base(built.client, built.grid, build.preflight(built.cell, built.grid), print)
     for tag in (built.reference, base):
         built.client.api.remove_image(tag, noprune=True)
     empty_cache = tmp_path / "cache"

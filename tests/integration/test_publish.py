@@ -262,8 +262,9 @@ def test_skip_existing_does_not_build_a_cell_whose_build_id_is_in_the_registry(
     def build_against(running: RunningRegistry) -> build.BuildResult:
         published = functools.partial(existing.is_published, running.api(), grid, built.cell)
         return build.build_cell(
-            built.client, grid, built.cell, wheelhouse.Wheelhouse(), lambda _: None, published=published
-        )
+            built.client, grid, build.preflight(built.cell, grid), wheelhouse.Wheelhouse(), lambda _: None,
+            published=published,
+        )  # fmt: skip
 
     skipped = build_against(registry)
     assert skipped.status == "in registry" and skipped.image_id == ""

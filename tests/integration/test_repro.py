@@ -33,11 +33,15 @@ def layers(built: BuiltCell, image: str) -> list[str]:
 
 def test_a_rebuild_without_cache_gives_the_same_image_and_layers(built: BuiltCell) -> None:
     house = wheelhouse.Wheelhouse()
-    again = build.build_cell(built.client, built.grid, built.cell, house, print, no_cache=True, normalize=False)
+    again = build.build_cell(
+        built.client, built.grid, build.preflight(built.cell, built.grid), house, print, no_cache=True, normalize=False
+    )
     assert again.status == "built", again.detail
     raw_layers = layers(built, again.image_id)
     epoch = built.grid.spec.source_date_epoch
-    keep = bases.layer_count(built.client, build.cell_base(built.client, built.grid, built.cell, print))
+    keep = bases.layer_count(
+        built.client, build.cell_base(built.client, built.grid, build.preflight(built.cell, built.grid), print)
+    )
     normalized = normalize.normalize_image(built.client, again.reference, epoch, keep, print)
     verdict = verify.compare(built.client, built.cell.name, built.image_id, normalized)
     assert verdict.differences == {} and verdict.reproducible

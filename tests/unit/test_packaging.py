@@ -21,7 +21,7 @@ def test_an_installed_builder_plans_and_checks_the_repository_from_another_direc
     assert (target / "builder" / "_data" / "torch_wheels.json").is_file()
     assert (target / "builder" / "_image" / "selftest.py").is_file()  # the build context's COPY sources
     assert (target / "builder" / "_image" / "gpu_peaks.json").is_file()
-    assert (target / "builder" / "build" / "build.py").is_file()  # every stage's package ships
+    assert (target / "builder" / "assemble" / "build.py").is_file()  # every stage's package ships
     assert not (target / "builder" / "_templates" / "__pycache__").exists()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

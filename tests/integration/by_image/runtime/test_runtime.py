@@ -323,7 +323,7 @@ def test_the_layer_search_finds_a_certificate_a_later_layer_deleted(built: Built
          "-out", str(tmp_path / "planted.pem"), "-days", "1", "-subj", "/CN=planted"],
         check=True, capture_output=True,
     )  # fmt: skip
-    base_reference = build.cell_base(built.client, built.grid, built.cell, print)
+    base_reference = build.cell_base(built.client, built.grid, build.preflight(built.cell, built.grid), print)
     (tmp_path / "Dockerfile").write_text(
         f"FROM {base_reference}\nCOPY planted.pem /etc/ssl/planted.pem\nRUN rm /etc/ssl/planted.pem\n"
     )
