@@ -124,7 +124,7 @@ def _lock(grid: matrix.Matrix, cells: list[Cell], jobs: int, python_only: bool, 
 def cmd_render(args: argparse.Namespace) -> int:
     grid = _matrix(args)
     if args.check:
-        problems = render.drift(grid.cells, grid) + render.orphans(grid)
+        problems = render.drift(grid.cells, grid) + render.plan_drift(grid) + render.orphans(grid)
         for problem in problems:
             print(problem)
         if problems:
