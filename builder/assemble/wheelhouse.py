@@ -16,6 +16,7 @@ links, nothing else under the cache).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import html
 import os
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from builder import confined, digests, paths
+from builder import confined, digests, downloads, paths
 from builder.assemble import wheelchoice
 from builder.assemble.wheelchoice import WheelRef
 from builder.errors import UserError
@@ -113,17 +114,19 @@ class Wheelhouse:
         digest = hashlib.sha256()
         url = ref.url
         local = url.startswith("file://")
-        if local:
-            source = open(urllib.request.url2pathname(url.removeprefix("file://")), "rb")  # noqa: SIM115
-        else:
-            source = urllib.request.urlopen(url, timeout=120)
-        with source:
-            headers = getattr(source, "headers", None)
-            total = int(headers.get("Content-Length") or 0) if headers is not None else 0
+        with contextlib.ExitStack() as stack:
+            if local:
+                source = stack.enter_context(open(urllib.request.url2pathname(url.removeprefix("file://")), "rb"))
+                chunks: Iterable[bytes] = iter(lambda: source.read(1 << 20), b"")
+                total = 0
+            else:
+                response = stack.enter_context(downloads.stream(url))
+                chunks = response.iter_content(1 << 20)
+                total = int(response.headers.get("Content-Length") or 0)
             if total:
                 self.report(f"downloading {ref.filename} ({total / 1e6:.0f} MB)")
             received, next_step = 0, 0.25
-            while chunk := source.read(1 << 20):
+            for chunk in chunks:
                 digest.update(chunk)
                 sink.write(chunk)
                 received += len(chunk)

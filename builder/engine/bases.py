@@ -17,7 +17,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from builder import digests, paths
+from builder import digests, downloads, paths
 from builder.config.schema import KeyringSpec
 from builder.engine import archive, emulation
 from builder.errors import UserError
@@ -238,8 +237,7 @@ def keyring_file(keyring: KeyringSpec, scratch: Path) -> Path:
         cached.parent.mkdir(parents=True, exist_ok=True)
         partial = cached.with_suffix(".partial")
         try:
-            with urllib.request.urlopen(keyring.deb, timeout=60) as response, partial.open("wb") as sink:
-                shutil.copyfileobj(response, sink)
+            downloads.download(keyring.deb, partial, timeout=60)
         except OSError as error:
             raise UserError(f"could not fetch the keyring {keyring.deb} ({getattr(error, 'reason', error)})") from None
         actual = digests.sha256_file(partial)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from email.message import Message
 from pathlib import Path
 
+from builder import downloads
+
 SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
 WHEEL_NAME = re.compile(
     r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-(?P<build>\d[^-]*))?-(?P<python>[^-]+)-(?P<abi>[^-]+)-(?P<platform>[^-]+)\.whl$"
@@ -74,10 +76,7 @@ class WheelFile:
 
 
 def _open(url: str, headers: dict[str, str] | None = None, timeout: float = 60) -> bytes:
-    request = urllib.request.Request(url, headers=headers or {})
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        data: bytes = response.read()
-        return data
+    return downloads.get(url, headers, timeout)
 
 
 def index_files(project: str, index_url: str, suffix: str = ".whl") -> list[WheelFile]:
@@ -152,8 +151,7 @@ class _RangeReader(io.RawIOBase):
 
 
 def _remote_size(url: str) -> int:
-    request = urllib.request.Request(url, headers={"Range": "bytes=0-0"})
-    with urllib.request.urlopen(request, timeout=60) as response:
+    with downloads.stream(url, {"Range": "bytes=0-0"}, timeout=60) as response:
         content_range = response.headers.get("Content-Range", "")
         match = re.search(r"/(\d+)$", content_range)
         if not match:

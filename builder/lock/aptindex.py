@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import io
 import lzma
-import shutil
 import subprocess
 import tempfile
-import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from debian import deb822
 
-from builder import digests, paths
+from builder import digests, downloads, paths
 from builder.engine import bases
 from builder.errors import UserError
 from builder.plan.cell import BaseImage
@@ -42,8 +40,7 @@ Index = dict[str, ArchiveFile]  # "package=version" -> its file
 
 def _download(url: str, target: Path) -> None:
     try:
-        with urllib.request.urlopen(url, timeout=120) as response, target.open("wb") as sink:
-            shutil.copyfileobj(response, sink, 1 << 20)
+        downloads.download(url, target)
     except OSError as error:
         raise UserError(f"could not fetch {url} ({getattr(error, 'reason', error)}); check the base's mirror") from None
 

@@ -110,9 +110,9 @@ def test_a_bundle_whose_file_and_manifest_line_were_changed_together_is_refused(
     try:
         lock.write_bytes(original_lock.replace(b"# via torch", b"# via numpy", 1))
         name = lock.relative_to(cell_bundle).as_posix()
-        manifest_path.write_text(
-            original_manifest.replace(json.dumps(digests_of(original_lock)), json.dumps(digests_of(lock.read_bytes())))
-        )
+        manifest = json.loads(original_manifest)
+        manifest["files"][name] = digests_of(lock.read_bytes())  # that one line, as the review did
+        manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
         assert bundle.open_bundle(cell_bundle, lambda _: None).files[name] == digests_of(lock.read_bytes())
         before = {image.id for image in built.client.images.list(all=True)}
         refused = _builder("build", "--offline", "--bundle", str(cell_bundle), "--no-cache", env=NO_NETWORK)
