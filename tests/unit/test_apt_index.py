@@ -9,6 +9,7 @@ import hashlib
 import lzma
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,9 +32,20 @@ def _gpg(home: Path, *args: str, data: bytes | None = None) -> bytes:
     ).stdout  # fmt: skip
 
 
+HOMES: list[Path] = []  # each key's gpg home: its agent is stopped when the test ends
+
+
+@pytest.fixture(autouse=True)
+def stop_gpg_agents() -> Iterator[None]:
+    yield
+    while HOMES:
+        subprocess.run(["gpgconf", "--homedir", str(HOMES.pop()), "--kill", "gpg-agent"], check=False)
+
+
 def _key(home: Path, name: str) -> Path:
     """A fresh signing key in its own home, and its public keyring as gpgv reads it."""
     home.mkdir(mode=0o700)
+    HOMES.append(home)
     _gpg(home, "--quick-generate-key", f"{name} <{name}@example.org>", "ed25519", "sign", "1d")
     keyring = home / "keyring.gpg"
     keyring.write_bytes(_gpg(home, "--export", f"{name}@example.org"))
