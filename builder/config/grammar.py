@@ -65,6 +65,16 @@ PYTHON_VERSION = Grammar(
     r"([0-9]+!)?[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?(\+[a-z0-9]+(\.[a-z0-9]+)*)?",
     "a PEP 440 version such as 2.15.0 or 2.13.0+cpu",
 )
+# A Python requirement template, as data/flavors.yaml writes them: a name, extras, a specifier,
+# and {fields} the torch wheel's pins fill in; nothing a resolver or a shell gives other meaning.
+REQUIREMENT = Grammar(r"[A-Za-z0-9_.\[\]{}~=<>!,-]+", "a requirement such as numpy or ninja==1.11 (fields in braces)")
+# data/layout.yaml: package-name patterns (a normalized name with `*`), paths under site-packages
+# (safe characters and globs, relative, no `..`), dpkg path globs (absolute, no `..`), and the
+# reason every entry gives.
+PACKAGE_PATTERN = Grammar(r"[a-z0-9*][a-z0-9.*_-]*", "a package name pattern such as nvidia-*")
+PRUNE_PATH = Grammar(r"(?!/)(?!.*(^|/)\.\.(/|$))[A-Za-z0-9_.*/+-]+", "a path under site-packages such as triton/x")
+DPKG_PATH = Grammar(r"/(?!.*(^|/)\.\.(/|$))[A-Za-z0-9_.*/+-]+", "an absolute path glob such as /usr/share/doc/*")
+REASON = Grammar(r"\s*\S[\s\S]*", "a reason (why: what the entry is for)")
 PLATFORM = Grammar(r"linux/(amd64|arm64)", 'a platform: "linux/amd64" or "linux/arm64"')
 SHA256 = Grammar(r"[0-9a-f]{64}", "64 lower-case hex digits")
 BUILD_ID = Grammar(r"[0-9a-f]{32}", "32 lower-case hex digits (a build ID)")

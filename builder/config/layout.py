@@ -4,24 +4,19 @@ and the paths removed from them, each with its reason."""
 from __future__ import annotations
 
 import fnmatch
-import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Annotated
+
+from pydantic import Field
 
 from builder import paths
-from builder.config import flavor, grammar, yamlsource
+from builder.config import flavor, grammar, validated, yamlsource
 from builder.errors import UserError
 
 LAYOUT_FILE = paths.DATA / "layout.yaml"
 REST = "rest"
-# Package-name patterns: a normalized name with `*` wildcards.
-PACKAGE_PATTERN = re.compile(r"[a-z0-9*][a-z0-9.*_-]*")
-# Paths under site-packages: safe characters and globs, no `..`, not absolute.
-PRUNE_PATH = re.compile(r"(?!/)(?!.*(^|/)\.\.(/|$))[A-Za-z0-9_.*/+-]+")
-# dpkg path-exclude globs: absolute, safe characters, no `..`.
-DPKG_PATH = re.compile(r"/(?!.*(^|/)\.\.(/|$))[A-Za-z0-9_.*/+-]+")
 
 
 @dataclass(frozen=True)
@@ -86,66 +81,57 @@ def leaves_out(rules: tuple[DpkgRule, ...], path: str) -> bool:
     return excluded and not any(fnmatch.fnmatchcase(path, glob) for rule in rules for glob in rule.keep)
 
 
-def _fail(path: Path, where: str, message: str) -> UserError:
-    return UserError(message, path, where)
+PackagePattern = Annotated[str, validated.field(grammar.PACKAGE_PATTERN)]
+PrunePath = Annotated[str, validated.field(grammar.PRUNE_PATH)]
+DpkgPath = Annotated[str, validated.field(grammar.DPKG_PATH)]
+Reason = Annotated[str, validated.field(grammar.REASON)]
 
 
-def _strings(path: Path, where: str, value: Any) -> list[str]:
-    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-        raise _fail(path, where, "must be a non-empty list of strings")
-    return value
+class GroupSpec(validated.Strict):
+    name: validated.Name
+    why: Reason
+    packages: Annotated[list[PackagePattern], Field(min_length=1)]
 
 
-def _checked(path: Path, data: Any) -> Layout:
-    if not isinstance(data, dict) or set(data) - {"dpkg"} != {"layers", "prune"}:
-        raise _fail(path, "", "must hold `layers:` and `prune:`, and may hold `dpkg:`")
-    groups = []
-    for i, entry in enumerate(data["layers"] or []):
-        where = f"layers[{i}]"
-        if not isinstance(entry, dict) or set(entry) != {"name", "why", "packages"}:
-            raise _fail(path, where, "each layer has exactly name, why and packages")
-        if not grammar.NAME.matches(str(entry["name"])) or entry["name"] == REST:
-            raise _fail(path, f"{where}.name", f"is not {grammar.NAME.hint} (and not `{REST}`)")
-        for pattern in _strings(path, f"{where}.packages", entry["packages"]):
-            if not PACKAGE_PATTERN.fullmatch(pattern):
-                raise _fail(path, f"{where}.packages", f"{pattern!r} is not a package name pattern such as nvidia-*")
-        groups.append(Group(entry["name"], str(entry["why"]), tuple(entry["packages"])))
-    prune: list[str] = []
-    for i, entry in enumerate(data["prune"] or []):
-        where = f"prune[{i}]"
-        if not isinstance(entry, dict) or set(entry) != {"paths", "why"} or not str(entry["why"]).strip():
-            raise _fail(path, where, "each removal has exactly paths and why (the reason)")
-        for pattern in _strings(path, f"{where}.paths", entry["paths"]):
-            if not PRUNE_PATH.fullmatch(pattern):
-                raise _fail(path, f"{where}.paths", f"{pattern!r} is not a path under site-packages such as triton/x")
-            prune.append(pattern)
-    return Layout(tuple(groups), tuple(prune), tuple(_dpkg_rules(path, data.get("dpkg") or [])))
+class PruneSpec(validated.Strict):
+    paths: Annotated[list[PrunePath], Field(min_length=1)]
+    why: Reason
 
 
-def _dpkg_rules(path: Path, entries: list[Any]) -> list[DpkgRule]:
-    rules = []
-    flavors = set(flavor.load().flavors)
-    for i, entry in enumerate(entries):
-        where = f"dpkg[{i}]"
-        if not isinstance(entry, dict) or not {"exclude", "why"} <= set(entry) <= {"exclude", "keep", "why", "kept_by"}:
-            raise _fail(path, where, "each entry has exclude and why (the reason), and may have keep and kept_by")
-        globs: dict[str, tuple[str, ...]] = {}
-        for key in ("exclude", "keep"):
-            globs[key] = tuple(_strings(path, f"{where}.{key}", entry[key]) if key in entry else [])
-            for pattern in globs[key]:
-                if not DPKG_PATH.fullmatch(pattern):
-                    raise _fail(
-                        path, f"{where}.{key}", f"{pattern!r} is not an absolute path glob such as /usr/share/doc/*"
-                    )
-        kept_by = tuple(_strings(path, f"{where}.kept_by", entry["kept_by"]) if "kept_by" in entry else [])
-        for name in kept_by:
-            if name not in flavors:
-                raise _fail(path, f"{where}.kept_by", f"{name!r} is not a flavor; write one of {sorted(flavors)}")
-        rules.append(DpkgRule(globs["exclude"], globs["keep"], kept_by))
-    return rules
+class DpkgSpec(validated.Strict):
+    exclude: Annotated[list[DpkgPath], Field(min_length=1)]
+    keep: list[DpkgPath] = []
+    why: Reason
+    kept_by: list[validated.Name] = []
+
+
+class LayoutFile(validated.Strict):
+    layers: list[GroupSpec]
+    prune: list[PruneSpec]
+    dpkg: list[DpkgSpec] = []
+
+
+def _checked(spec: LayoutFile, source: yamlsource.SourceMap) -> Layout:
+    """What the schema cannot say alone: `rest` is the catch-all layer's name, and kept_by names flavors."""
+    for i, group in enumerate(spec.layers):
+        if group.name == REST:
+            where: yamlsource.FieldPath = ("layers", i, "name")
+            raise UserError(f"`{REST}` is the layer of every package no group names; pick another name",
+                            source.location(where), yamlsource.dotted(where))  # fmt: skip
+    known = set(flavor.load().flavors)
+    for i, rule in enumerate(spec.dpkg):
+        for j, name in enumerate(rule.kept_by):
+            if name not in known:
+                where = ("dpkg", i, "kept_by", j)
+                raise UserError(f"{name!r} is not a flavor; write one of {sorted(known)}",
+                                source.location(where), yamlsource.dotted(where))  # fmt: skip
+    groups = tuple(Group(g.name, g.why, tuple(g.packages)) for g in spec.layers)
+    prune = tuple(path for entry in spec.prune for path in entry.paths)
+    rules = tuple(DpkgRule(tuple(r.exclude), tuple(r.keep), tuple(r.kept_by)) for r in spec.dpkg)
+    return Layout(groups, prune, rules)
 
 
 @cache
 def load(path: Path = LAYOUT_FILE) -> Layout:
-    data, _ = yamlsource.load(path, "data/layout.yaml ships with the builder")
-    return _checked(path, data)
+    data, source = yamlsource.load(path, "data/layout.yaml ships with the builder")
+    return _checked(validated.validate(LayoutFile, data, source, "layers, prune, dpkg"), source)

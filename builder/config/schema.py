@@ -8,51 +8,33 @@ from __future__ import annotations
 import re
 import string
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 
 from builder.config import flavor as flavors
-from builder.config import grammar
-from builder.config.grammar import Grammar
+from builder.config.validated import (
+    Cuda,
+    DebianPackage,
+    Digest,
+    FindLinks,
+    HttpUrl,
+    Loopback,
+    Name,
+    PlatformName,
+    RegistryHost,
+    RelativeDir,
+    Repository,
+    Sha256,
+    Size,
+    Strict,
+    Version,
+    validate,
+)
 from builder.config.yamlsource import FieldPath, SourceMap, dotted, load
-from builder.errors import Location, UserError
+from builder.errors import UserError
 
 DEFAULT_MATRIX = Path("matrix.yaml")
-
-
-def _field(grammar: Grammar) -> Any:
-    return Field(pattern=f"^(?:{grammar.pattern})$")
-
-
-# Pattern (as pydantic reports it) -> what to write instead, for error messages.
-HINTS = {
-    f"^(?:{g.pattern})$": g.hint
-    for g in (
-        grammar.VERSION, grammar.CUDA, grammar.NAME, grammar.DIGEST, grammar.URL, grammar.LOOPBACK,
-        grammar.REGISTRY, grammar.REPOSITORY, grammar.RELATIVE_DIR, grammar.FIND_LINKS, grammar.SIZE,
-        grammar.SHA256, grammar.DEBIAN_PACKAGE, grammar.PLATFORM,
-    )
-}  # fmt: skip
-Version = Annotated[str, _field(grammar.VERSION)]
-Cuda = Annotated[str, _field(grammar.CUDA)]
-Name = Annotated[str, _field(grammar.NAME)]
-Digest = Annotated[str, _field(grammar.DIGEST)]
-HttpUrl = Annotated[str, _field(grammar.URL)]
-Loopback = Annotated[str, _field(grammar.LOOPBACK)]
-RegistryHost = Annotated[str, _field(grammar.REGISTRY)]
-Repository = Annotated[str, _field(grammar.REPOSITORY)]
-RelativeDir = Annotated[str, _field(grammar.RELATIVE_DIR)]
-FindLinks = Annotated[str, _field(grammar.FIND_LINKS)]
-Size = Annotated[str, _field(grammar.SIZE)]
-Sha256 = Annotated[str, _field(grammar.SHA256)]
-DebianPackage = Annotated[str, _field(grammar.DEBIAN_PACKAGE)]
-PlatformName = Annotated[str, _field(grammar.PLATFORM)]
-
-
-class Strict(BaseModel):
-    # Python's re: the grammars use lookaheads, which pydantic's default (Rust) engine lacks.
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, regex_engine="python-re")
 
 
 class KeyringSpec(Strict):
@@ -166,46 +148,9 @@ def images_folder(path: Path, spec: MatrixSpec) -> Path:
     return path.resolve().parent / spec.images
 
 
-# ---------------------------------------------------------------- schema errors
-
-
-def _schema_error(error: dict[str, Any], source: SourceMap) -> UserError:
-    where: FieldPath = tuple(error["loc"])
-    kind, field_name = error["type"], dotted(where)
-    raw = source.raw.get(where)
-    if kind == "extra_forbidden":
-        return UserError(
-            f"unknown key '{where[-1]}'; remove it or check its spelling", source.location(where), field_name
-        )
-    if kind == "missing":
-        return UserError("is required and missing; add it", source.location(where[:-1]), field_name)
-    if kind in ("string_type", "string_pattern_mismatch") and raw is not None:
-        value = error.get("input")
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return UserError(
-                f'{raw} is a number, not a version string; quote it: "{raw}"',
-                source.location(where),
-                field_name,
-            )
-    if kind == "string_pattern_mismatch":
-        pattern = error.get("ctx", {}).get("pattern", "")
-        expected = HINTS.get(pattern, f"text matching {pattern}")
-        return UserError(
-            f"{raw or error.get('input')!r} is not valid; write {expected}",
-            source.location(where),
-            field_name,
-        )
-    return UserError(f"{error['msg'].lower()} (got {raw or error.get('input')!r})", source.location(where), field_name)
-
-
 def parse(path: Path) -> tuple[MatrixSpec, SourceMap]:
     data, source = load(path)
-    if not isinstance(data, dict):
-        raise UserError("the top level must be a mapping of keys (registry, bases, axes, ...)", Location(path, 1))
-    try:
-        spec = MatrixSpec.model_validate(data)
-    except ValidationError as error:
-        raise _schema_error(error.errors()[0], source) from None  # type: ignore[arg-type]
+    spec = validate(MatrixSpec, data, source, "registry, bases, axes, ...")
     _check_references(spec, source)
     return spec, source
 
