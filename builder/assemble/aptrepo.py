@@ -20,7 +20,7 @@ from pathlib import Path
 
 from debian import debfile
 
-from builder.assemble.wheelchoice import WheelRef
+from builder.assemble.fileref import FileRef
 from builder.assemble.wheelhouse import Wheelhouse
 from builder.lock.aptindex import ArchiveFile
 from builder.plan.cell import BaseImage
@@ -54,7 +54,7 @@ def fetch(house: Wheelhouse, base: BaseImage, files: Iterable[ArchiveFile]) -> l
     """Each .deb in the cache, checked against its locked sha256 (downloaded from the base's
     mirror only when missing)."""
     refs = [
-        WheelRef(posixpath.basename(f.path), posixpath.basename(f.path), f"{base.mirror}/{f.path}", f.sha256)
+        FileRef(posixpath.basename(f.path), posixpath.basename(f.path), f"{base.mirror}/{f.path}", f.sha256)
         for f in files
     ]
     return [(house.fetch(ref), ref.sha256) for ref in refs]

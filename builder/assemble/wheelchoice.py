@@ -6,13 +6,13 @@ from __future__ import annotations
 import functools
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 from packaging import tags as wheel_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from builder import digests
+from builder.assemble.fileref import FileRef
 from builder.config import platform
 from builder.config.env import expand_env
 from builder.errors import UserError
@@ -20,17 +20,6 @@ from builder.facts import pypi
 from builder.lock.requirements import Lockfile
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
-
-
-@dataclass(frozen=True)
-class WheelRef:
-    """One file a lock names, and where to get it."""
-
-    project: str
-    filename: str
-    url: str
-    sha256: str
-    size: int | None = None  # as the index lists it
 
 
 def target_tags(cell: Cell) -> list[wheel_tags.Tag]:
@@ -65,14 +54,14 @@ def local_digest(wheel: pypi.WheelFile) -> str:
     return digests.sha256_file(Path(urllib.request.url2pathname(wheel.url.removeprefix("file://"))))
 
 
-def choose(cell: Cell, grid: Matrix, lock: Lockfile) -> list[WheelRef]:
+def choose(cell: Cell, grid: Matrix, lock: Lockfile) -> list[FileRef]:
     """The one wheel per locked package that the cell's image will install."""
     index = grid.index(cell.index)
     links = tuple(expand_env(p) for p in index.find_links)
     priority = {tag: rank for rank, tag in enumerate(target_tags(cell))}
     refs = []
     for package in lock.packages.values():
-        best: tuple[int, WheelRef] | None = None
+        best: tuple[int, FileRef] | None = None
         for wheel in listing(package.name, tuple(index.urls), links):
             name, version, _, file_tags = parse_wheel_filename(wheel.filename)
             if canonicalize_name(name) != package.name or str(version) != package.version:
@@ -84,7 +73,7 @@ def choose(cell: Cell, grid: Matrix, lock: Lockfile) -> list[WheelRef]:
             if digest not in package.hashes:
                 continue
             if best is None or rank < best[0]:
-                best = (rank, WheelRef(package.name, wheel.filename, wheel.url, digest, wheel.size))
+                best = (rank, FileRef(package.name, wheel.filename, wheel.url, digest, wheel.size))
         if best is None:
             raise UserError(
                 f"{lock.path}: no wheel of {package.name}=={package.version} with a locked hash fits "

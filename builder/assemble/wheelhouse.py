@@ -32,7 +32,7 @@ from filelock import FileLock
 
 from builder import confined, digests, downloads, paths
 from builder.assemble import wheelchoice
-from builder.assemble.wheelchoice import WheelRef
+from builder.assemble.fileref import FileRef
 from builder.errors import UserError
 from builder.lock.requirements import Lockfile
 from builder.plan.cell import Cell
@@ -80,7 +80,7 @@ class Wheelhouse:
 
     # ------------------------------------------------------------ fetching
 
-    def fetch(self, ref: WheelRef) -> Path:
+    def fetch(self, ref: FileRef) -> Path:
         """The verified file in the cache, downloading it first if it is missing or corrupt."""
         target = self.blob(ref.sha256, ref.filename)
         if self.intact(target, ref.sha256):
@@ -110,7 +110,7 @@ class Wheelhouse:
             self._stamp(target)
         return target
 
-    def _download(self, ref: WheelRef, sink: tempfile._TemporaryFileWrapper[bytes]) -> str:
+    def _download(self, ref: FileRef, sink: tempfile._TemporaryFileWrapper[bytes]) -> str:
         digest = hashlib.sha256()
         url = ref.url
         local = url.startswith("file://")
@@ -174,7 +174,7 @@ class Wheelhouse:
 
     # ------------------------------------------------------------ serving
 
-    def publish_page(self, lock: Lockfile, refs: list[WheelRef]) -> str:
+    def publish_page(self, lock: Lockfile, refs: list[FileRef]) -> str:
         """Write the find-links page for one lock, and the lock beside it; returns the page's path."""
         page = self.root / served.lock_page(lock) / "index.html"
         page.parent.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,6 @@ from builder.facts import pypi
 
 TORCH_WHEELS = paths.DATA / "torch_wheels.json"
 TRTLLM = paths.DATA / "trtllm.json"
-CPYTHON_TAG = re.compile(r"^cp(\d)(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -97,11 +96,10 @@ def build_from_metadata(
     floors: dict[str, str] = {}
     requires_python = None
     for wheel in wheels:
-        tags = wheel.tags
-        match = CPYTHON_TAG.match(tags["python"])
-        if not match or tags["abi"] != tags["python"] or wheel.glibc_floor is None:
+        python, floor = wheel.cpython, wheel.glibc_floor
+        if python is None or floor is None:
             continue  # free-threaded (cp313t), abi3 or non-manylinux wheels are not what images use
-        floors[f"{match.group(1)}.{match.group(2)}"] = wheel.glibc_floor
+        floors[python] = floor
         requires_python = requires_python or wheel.requires_python
     pins: dict[str, str] = {}
     specifiers: dict[str, str] = {}

@@ -9,6 +9,7 @@ central directory; local wheel directories (find-links) are read from disk.
 from __future__ import annotations
 
 import email.parser
+import functools
 import io
 import json
 import re
@@ -20,13 +21,14 @@ from dataclasses import dataclass
 from email.message import Message
 from pathlib import Path
 
+from packaging.tags import Tag
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
 from builder import downloads
 
 SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
-WHEEL_NAME = re.compile(
-    r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-(?P<build>\d[^-]*))?-(?P<python>[^-]+)-(?P<abi>[^-]+)-(?P<platform>[^-]+)\.whl$"
-)
 MANYLINUX = re.compile(r"manylinux_(\d+)_(\d+)_")
+CPYTHON_TAG = re.compile(r"cp(\d)(\d+)")
 LEGACY_MANYLINUX = {"manylinux1": "2.5", "manylinux2010": "2.12", "manylinux2014": "2.17"}
 
 
@@ -40,22 +42,35 @@ class WheelFile:
     requires_python: str | None
     size: int | None = None  # bytes, where the index says (PEP 700)
 
-    @property
-    def tags(self) -> dict[str, str]:
-        match = WHEEL_NAME.match(self.filename)
-        if not match:
-            raise ValueError(f"not a wheel file name: {self.filename}")
-        return match.groupdict()
+    @functools.cached_property
+    def _parsed(self) -> tuple[str, frozenset[Tag]]:
+        """The version and tags, by packaging's parser (the one wheelchoice uses too)."""
+        try:
+            _, version, _, tags = parse_wheel_filename(self.filename)
+        except InvalidWheelFilename:
+            raise ValueError(f"not a wheel file name: {self.filename}") from None
+        return str(version), tags
 
     @property
     def version(self) -> str:
-        return self.tags["version"]
+        return self._parsed[0]
+
+    @property
+    def cpython(self) -> str | None:
+        """The CPython version a version-specific wheel is for ("3.11" for cp311-cp311), None for
+        abi3, free-threaded (cp313t) or pure wheels: what images use is the one kind."""
+        found = {(t.interpreter, t.abi) for t in self._parsed[1]}
+        if len(found) != 1:
+            return None
+        interpreter, abi = found.pop()
+        match = CPYTHON_TAG.fullmatch(interpreter)
+        return f"{match.group(1)}.{match.group(2)}" if match and abi == interpreter else None
 
     @property
     def glibc_floor(self) -> str | None:
-        """The lowest glibc this wheel runs on, from its platform tag (None if not manylinux)."""
+        """The lowest glibc this wheel runs on, from its platform tags (None if not manylinux)."""
         floors = []
-        for platform in self.tags["platform"].split("."):
+        for platform in {t.platform for t in self._parsed[1]}:
             match = MANYLINUX.match(platform + "_")
             if match:
                 floors.append(f"{match.group(1)}.{match.group(2)}")
@@ -69,8 +84,8 @@ class WheelFile:
     @property
     def linux_arch(self) -> str | None:
         """The architecture of a Linux wheel (x86_64, aarch64), None for other systems."""
-        platforms = self.tags["platform"].split(".")
-        if not all("linux" in p for p in platforms):
+        platforms = sorted({t.platform for t in self._parsed[1]})
+        if not platforms or not all("linux" in p for p in platforms):
             return None
         return next((arch for arch in ("x86_64", "aarch64") if platforms[0].endswith("_" + arch)), None)
 

@@ -44,10 +44,16 @@ def test_a_cpu_stack_skips_the_groups_it_has_no_package_for() -> None:
         ("layers: []\nprune:\n  - {paths: [triton/x]}\n", "prune[0].why: is required and missing"),
         ("layers:\n  - {name: x, why: y, packages: ['torch && curl']}\nprune: []\n", "write a package name pattern"),
         ("layers:\n  - {name: rest, why: y, packages: [torch]}\nprune: []\n", "name"),
-        ("layers: []\nprune: []\ndpkg:\n  - {exclude: ['/usr/share/doc/*\\n RUN x'], why: y}\n", "write an absolute path glob"),
+        (
+            "layers: []\nprune: []\ndpkg:\n  - {exclude: ['/usr/share/doc/*\\n RUN x'], why: y}\n",
+            "write an absolute path glob",
+        ),
         ("layers: []\nprune: []\ndpkg:\n  - {exclude: [usr/share/doc], why: y}\n", "write an absolute path glob"),
         ("layers: []\nprune: []\ndpkg:\n  - {exclude: ['/usr/share/doc/*']}\n", "dpkg[0].why: is required and missing"),
-        ("layers: []\nprune: []\ndpkg:\n  - {exclude: ['/x'], why: y, kept_by: ['devel; rm -rf /']}\n", "kept_by[0]: 'devel; rm -rf /' is not valid"),
+        (
+            "layers: []\nprune: []\ndpkg:\n  - {exclude: ['/x'], why: y, kept_by: ['devel; rm -rf /']}\n",
+            "kept_by[0]: 'devel; rm -rf /' is not valid",
+        ),
         ("layers: []\nprune: []\ndpkg:\n  - {exclude: ['/x'], why: y, kept_by: [nightly]}\n", "not a flavor"),
     ],
 )

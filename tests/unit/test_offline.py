@@ -14,7 +14,7 @@ import pytest
 
 from builder import digests
 from builder.assemble import aptrepo, bundle, wheelhouse
-from builder.assemble.wheelchoice import WheelRef
+from builder.assemble.fileref import FileRef
 from builder.errors import UserError
 from builder.lock.aptindex import ArchiveFile
 from builder.plan.cell import Cell
@@ -86,7 +86,7 @@ def test_a_deb_that_does_not_match_its_locked_sha256_is_refused(repository: tupl
 
 def test_offline_a_file_missing_from_the_cache_is_refused_without_a_download(tmp_path: Path) -> None:
     house = wheelhouse.Wheelhouse(tmp_path / "house", offline=True)
-    ref = WheelRef("alpha", "alpha_1.0-1_all.deb", "http://127.0.0.1:9/pool/alpha_1.0-1_all.deb", "1" * 64)
+    ref = FileRef("alpha", "alpha_1.0-1_all.deb", "http://127.0.0.1:9/pool/alpha_1.0-1_all.deb", "1" * 64)
     with pytest.raises(UserError, match="is not in the cache and the build is offline"):
         house.fetch(ref)
 

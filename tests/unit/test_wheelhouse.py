@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from builder.assemble import wheelchoice, wheelhouse, wheelserver
+from builder.assemble.fileref import FileRef
 from builder.errors import UserError
 from builder.facts.compat import TorchWheels
 from builder.lock import requirements as lock
@@ -31,11 +32,11 @@ def make_wheel(directory: Path, filename: str, payload: bytes = b"x") -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def served_wheel(server: tuple[str, Path], project: str = "demo", payload: bytes = b"x") -> wheelchoice.WheelRef:
+def served_wheel(server: tuple[str, Path], project: str = "demo", payload: bytes = b"x") -> FileRef:
     """A wheel on the loopback file server, and the reference a lock would resolve to."""
     url, root = server
     filename = f"{project}-1.0-py3-none-any.whl"
-    return wheelchoice.WheelRef(project, filename, url + filename, make_wheel(root, filename, payload))
+    return FileRef(project, filename, url + filename, make_wheel(root, filename, payload))
 
 
 @pytest.fixture
@@ -194,7 +195,7 @@ def _flip_one_byte(path: Path) -> None:
 
 def _cached_then_corrupted(
     tmp_path: Path, file_server: tuple[str, Path]
-) -> tuple[wheelhouse.Wheelhouse, wheelchoice.WheelRef, lock.Lockfile]:
+) -> tuple[wheelhouse.Wheelhouse, FileRef, lock.Lockfile]:
     """A wheel fetched and published for a lock, then one byte of the cached file flipped."""
     ref = served_wheel(file_server)
     house = wheelhouse.Wheelhouse(tmp_path / "house")
