@@ -29,7 +29,7 @@ from builder.render import served
 
 def _stanza(house: Wheelhouse, deb: Path, sha256: str) -> str:
     control = debfile.DebFile(str(deb)).debcontrol()
-    control["Filename"] = house.blob_path(sha256, deb.name)
+    control["Filename"] = served.blob_path(sha256, deb.name)
     control["Size"] = str(deb.stat().st_size)
     control["SHA256"] = sha256
     return str(control.dump())
@@ -67,7 +67,7 @@ def publish(house: Wheelhouse, base: BaseImage, files: list[ArchiveFile]) -> str
     packages = packages_index(house, debs).encode()
     house.place(packages, house.root / where / "Packages")
     house.place(release_file(base, packages).encode(), house.root / where / "Release")
-    house.allow([where + "Packages", where + "Release", *(house.blob_path(sha, deb.name) for deb, sha in debs)])
+    house.allow([where + "Packages", where + "Release", *(served.blob_path(sha, deb.name) for deb, sha in debs)])
     return where
 
 

@@ -98,7 +98,7 @@ def _cache_files(grid: Matrix, cell: Cell, house: wheelhouse.Wheelhouse) -> dict
             found[where] = sha256
     assert locks.debian is not None  # preflight refuses a cell without its debian.lock
     debs = aptrepo.fetch(house, cell.base, locks.debian.files.values())
-    found.update({house.blob_path(sha256, deb.name): sha256 for deb, sha256 in debs})
+    found.update({served.blob_path(sha256, deb.name): sha256 for deb, sha256 in debs})
     return found
 
 

@@ -70,13 +70,8 @@ class Wheelhouse:
         self._served: set[str] = {MARKER}
         self.corrupt: list[str] = []  # cached files found corrupt (and removed) in this run
 
-    @staticmethod
-    def blob_path(sha256: str, filename: str) -> str:
-        """Where a file lives under the root (and the server's URL path): named by its hash."""
-        return f"sha256/{sha256[:2]}/{sha256}/{filename}"
-
     def blob(self, sha256: str, filename: str) -> Path:
-        return self.root / self.blob_path(sha256, filename)
+        return self.root / served.blob_path(sha256, filename)
 
     # ------------------------------------------------------------ fetching
 
@@ -179,9 +174,9 @@ class Wheelhouse:
         page = self.root / served.lock_page(lock) / "index.html"
         page.parent.mkdir(parents=True, exist_ok=True)
         self._publish_lock(lock)
-        self.allow([served.lock_page(lock) + "index.html", *(self.blob_path(r.sha256, r.filename) for r in refs)])
+        self.allow([served.lock_page(lock) + "index.html", *(served.blob_path(r.sha256, r.filename) for r in refs)])
         links = "\n".join(
-            f'<a href="../../{html.escape(self.blob_path(r.sha256, r.filename))}#sha256={r.sha256}">'
+            f'<a href="../../{html.escape(served.blob_path(r.sha256, r.filename))}#sha256={r.sha256}">'
             f"{html.escape(r.filename)}</a><br>"
             for r in refs
         )

@@ -1,6 +1,7 @@
-"""Where the wheelhouse server offers a build's inputs: locks and helper scripts, each under a
-URL named by its content, so a changed file gets a new URL and the rendered Dockerfile (which
-names each by its URL and sha256) changes with it."""
+"""The wheelhouse server's URL scheme, in one place: where it offers a build's inputs (wheels and
+.debs, locks and their pages, helper scripts, apt repositories), each under a URL named by its
+content, so a changed file gets a new URL and the rendered Dockerfile (which names each by its
+URL and sha256) changes with it. The cache on disk has the same layout."""
 
 from __future__ import annotations
 
@@ -39,6 +40,11 @@ class ServedFile:
 @dataclass(frozen=True)
 class LockRef(ServedFile):
     page: str  # path of the lock's find-links page on the wheelhouse server
+
+
+def blob_path(sha256: str, filename: str) -> str:
+    """Where a wheel or .deb lives under the server root (and in the cache): named by its hash."""
+    return f"sha256/{sha256[:2]}/{sha256}/{filename}"
 
 
 def lock_page(lock: Lockfile) -> str:

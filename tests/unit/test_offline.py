@@ -59,7 +59,7 @@ def test_the_local_repository_is_named_by_its_files_and_lists_each_with_its_sha2
     assert where == served.apt_repository(reversed(files)) != served.apt_repository(files[:1])
     packages = (house.root / where / "Packages").read_text()
     for file in files:
-        blob = house.blob_path(file.sha256, Path(file.path).name)
+        blob = served.blob_path(file.sha256, Path(file.path).name)
         assert f"Filename: {blob}\n" in packages and f"SHA256: {file.sha256}\n" in packages
         assert house.serves(blob)
     assert "Depends: alpha (>= 1.0)" in packages and "Version: 2:2.0-1" in packages
