@@ -13,9 +13,14 @@ import pytest
 from rich.console import Console
 
 from builder import cli
+from builder.commands import common
+from builder.commands import lock as lock_command
+from builder.commands import render as render_command
 from builder.engine import daemon
 from builder.errors import UserError
+from builder.facts import refresh
 from builder.facts.compat import TorchWheels
+from builder.plan import matrix
 from builder.plan.matrix import load_matrix
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,8 +63,8 @@ def test_every_subcommand_and_option_has_help_that_names_its_default_or_needs() 
 
 def test_progress_off_a_terminal_prints_one_line_per_step_with_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
     sink = io.StringIO()
-    monkeypatch.setattr(cli, "console", Console(file=sink, force_terminal=False, width=200))
-    with cli.progress("cell: starting") as report:
+    monkeypatch.setattr(common, "console", Console(file=sink, force_terminal=False, width=200))
+    with common.progress("cell: starting") as report:
         report("cell: Step 1/9 : FROM base")
         report("cell: Step 2/9 : RUN apt-get")
     lines = sink.getvalue().splitlines()
@@ -133,12 +138,14 @@ def test_update_refreshes_then_locks_then_renders_reading_the_matrix_after_the_r
     calls: list[str] = []
     refreshed = TorchWheels({"pypi": {k: v for k, v in wheels.table["pypi"].items() if k == "2.9.1"}})
     facts = [wheels]
-    monkeypatch.setattr(cli.matrix.TorchWheels, "load", staticmethod(lambda: facts[-1]))
-    monkeypatch.setattr(cli.refresh, "refresh", lambda spec, report: calls.append("refresh") or facts.append(refreshed))
+    monkeypatch.setattr(matrix.TorchWheels, "load", staticmethod(lambda: facts[-1]))
+    monkeypatch.setattr(refresh, "refresh", lambda spec, report: calls.append("refresh") or facts.append(refreshed))
     monkeypatch.setattr(
-        cli, "_lock", lambda grid, cells, jobs, python_only: calls.append(f"lock {len(cells)} {python_only}") or 0
+        lock_command,
+        "locked",
+        lambda grid, cells, jobs, python_only: calls.append(f"lock {len(cells)} {python_only}") or 0,
     )
-    monkeypatch.setattr(cli, "_render", lambda grid: calls.append(f"render {len(grid.cells)}") or 0)
+    monkeypatch.setattr(render_command, "rendered", lambda grid: calls.append(f"render {len(grid.cells)}") or 0)
     assert cli.main(["--matrix", str(matrix_file), "update", "--python-only"]) == 0
     torch_291_cells = len([c for c in load_matrix(matrix_file, wheels).cells if c.torch.version == "2.9.1"])
     assert calls == ["refresh", f"lock {torch_291_cells} True", f"render {torch_291_cells}"]

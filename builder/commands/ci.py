@@ -1,0 +1,36 @@
+"""`python -m builder ci`: print a CI workflow for the matrix."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from builder.commands.common import (
+    NEEDS_NOTHING,
+    Register,
+    console,
+    grid_of,
+)
+from builder.render import ci
+
+
+def add(register: Register) -> None:
+    ci_cmd = register(
+        "ci",
+        "print a CI workflow: one job per buildable cell (build, self-test, stage), then one promote job",
+        NEEDS_NOTHING + " Reads the plan; the jobs run the same nox sessions a user runs.",
+    )
+    ci_cmd.add_argument("system", choices=ci.SYSTEMS, help="github (Actions) or gitlab (GitLab CI)")
+    ci_cmd.add_argument("--output", metavar="FILE", help="write the workflow there (default: standard output)")
+    ci_cmd.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    text = ci.workflow(grid_of(args), args.system)
+    if args.output:
+        Path(args.output).write_text(text)
+        console.print(f"wrote {args.output}")
+    else:
+        sys.stdout.write(text)
+    return 0

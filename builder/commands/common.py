@@ -1,0 +1,101 @@
+"""What the commands share: the console, the matrix and cells a command names, progress lines,
+and the registry options."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from rich.console import Console
+
+from builder.config import grammar
+from builder.plan import matrix
+from builder.publish.registry import Registry
+
+console = Console(stderr=True)
+NEEDS_NOTHING = "Offline; needs no engine."
+
+
+class Register:
+    """Adds one command's parser: its name, a summary (the help line) and details (its page)."""
+
+    def __init__(self, commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:  # type: ignore[type-arg]
+        self.commands, self.common = commands, common
+
+    def __call__(self, name: str, summary: str, details: str) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = self.commands.add_parser(
+            name, parents=[self.common], help=summary, description=f"{summary}. {details}"
+        )
+        return parser
+
+
+def grid_of(args: argparse.Namespace) -> matrix.Matrix:
+    return matrix.load_matrix(Path(args.matrix))
+
+
+@contextlib.contextmanager
+def progress(label: str) -> Iterator[Callable[[str], None]]:
+    """Where each step of a long job is reported: a spinner on a terminal; elsewhere (CI logs,
+    `| tee`) one line per step with the seconds since the job started."""
+    if console.is_terminal:
+        with console.status(label) as status:
+            yield lambda text: status.update(text)
+        return
+    started = time.monotonic()
+
+    def line(text: str) -> None:
+        console.print(f"[{time.monotonic() - started:7.1f} s] {text}", highlight=False, soft_wrap=True)
+
+    line(label)
+    yield line
+
+
+def cells_of(args: argparse.Namespace, grid: matrix.Matrix) -> list:  # type: ignore[type-arg]
+    if getattr(args, "all", False):
+        return grid.cells
+    if getattr(args, "cells", None):
+        return grid.select(args.cells)
+    return [grid.flagship]
+
+
+def registry_options(command: argparse.ArgumentParser, registry_help: str) -> None:
+    command.add_argument("--registry", type=registry_option, help=registry_help)
+    command.add_argument(
+        "--registry-ca",
+        type=existing_file,
+        metavar="FILE",
+        help="trust this CA for the registry's HTTPS certificate (default: the system's CA store only)",
+    )
+    command.add_argument(
+        "--insecure-registry",
+        action="store_true",
+        help="plain HTTP to a registry that is not on a loopback address (default: HTTPS; loopback gets HTTP)",
+    )
+
+
+def registry_option(value: str) -> str:
+    if not grammar.REGISTRY.matches(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a registry: write {grammar.REGISTRY.hint}")
+    return value
+
+
+def existing_file(value: str) -> Path:
+    if not Path(value).is_file():
+        raise argparse.ArgumentTypeError(f"{value} is not a file: give the registry's CA certificate (PEM)")
+    return Path(value)
+
+
+def use_registry_option(grid: matrix.Matrix, args: argparse.Namespace) -> None:
+    """--registry, where given, in place of matrix.yaml's registry."""
+    if args.registry:
+        grid.spec = grid.spec.model_copy(update={"registry": args.registry})
+
+
+def registry_of(grid: matrix.Matrix, args: argparse.Namespace) -> Registry:
+    """The matrix's registry, reached as --registry-ca and --insecure-registry say."""
+    found = Registry.for_publishing(grid.spec.registry, args.registry_ca, args.insecure_registry)
+    found.check()
+    return found

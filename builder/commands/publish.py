@@ -1,0 +1,75 @@
+"""`python -m builder publish`: push self-tested cells, their SBOM and report, then aliases."""
+
+from __future__ import annotations
+
+import argparse
+
+from builder.commands.common import (
+    Register,
+    cells_of,
+    console,
+    grid_of,
+    registry_of,
+    registry_options,
+    use_registry_option,
+)
+from builder.engine import daemon
+from builder.publish import publish, staging
+
+
+def add(register: Register) -> None:
+    publish_cmd = register(
+        "publish",
+        "push cells whose self-test passed for that exact image ID, then their SBOM and report, then aliases",
+        "Needs the engine and the registry; credentials as docker finds them (~/.docker/config.json: auths, "
+        "credHelpers, credsStore; `docker login` writes them), else TORCH_IMAGES_REGISTRY_USER and "
+        "TORCH_IMAGES_REGISTRY_PASSWORD; token and basic authentication. Writes published/<cell>.json beside "
+        "the matrix.",
+    )
+    publish_cmd.add_argument("cells", nargs="*", help="cells to publish (default: the flagship)")
+    publish_cmd.add_argument("--all", action="store_true", help="every buildable cell")
+    registry_options(publish_cmd, "push here instead of matrix.yaml's registry (host:port)")
+    stages = publish_cmd.add_mutually_exclusive_group()
+    stages.add_argument(
+        "--stage",
+        action="store_true",
+        help="CI, per cell: push the self-tested image under <tag>.staging-RUN with its SBOM and report attached; "
+        "moves no versioned tag or alias (a cell --skip-existing did not build is staged from the registry)",
+    )
+    stages.add_argument(
+        "--promote",
+        action="store_true",
+        help="CI, once every cell passed: gate on the reports attached in the registry (no engine or image needed), "
+        "then point the versioned tags at the staged images and move the aliases",
+    )
+    publish_cmd.add_argument(
+        "--run", default="local", help="with --stage and --promote: the run ID that ties them (CI's run number)"
+    )
+    publish_cmd.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    grid = grid_of(args)
+    use_registry_option(grid, args)
+    cells, say = cells_of(args, grid), lambda text: console.print(text)
+    if args.stage or args.promote:
+        staging.check_run(args.run)
+        registry = registry_of(grid, args)
+        if args.stage:
+            items = staging.stage(daemon.client(), registry, grid, cells, args.run, say)
+            for item in items:
+                console.print(f"{item.cell.name}: staged {grid.spec.registry}/{grid.spec.repository}:{item.target}")
+            return 0
+        items = staging.promote(registry, grid, cells, args.run, say)
+    else:
+        items = publish.publish(
+            daemon.client(), grid, cells, say, ca_file=args.registry_ca, insecure=args.insecure_registry
+        )
+    for item in items:
+        state = "unchanged" if item.unchanged and not item.moved_aliases else "published"
+        where = f" ({item.cell.platform} {item.target} {item.digest})" if item.tag_digest else ""
+        console.print(
+            f"{item.cell.name}: {state} {grid.spec.registry}/{grid.spec.repository}:{item.cell.tag} "
+            f"{item.points_to}{where}"
+        )
+    return 0
