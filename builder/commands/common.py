@@ -13,6 +13,7 @@ from rich.console import Console
 
 from builder.config import grammar
 from builder.plan import matrix
+from builder.plan.cell import Cell
 from builder.publish.registry import Registry
 
 console = Console(stderr=True)
@@ -53,7 +54,8 @@ def progress(label: str) -> Iterator[Callable[[str], None]]:
     yield line
 
 
-def cells_of(args: argparse.Namespace, grid: matrix.Matrix) -> list:  # type: ignore[type-arg]
+def cells_of(args: argparse.Namespace, grid: matrix.Matrix) -> list[Cell]:
+    """The cells a command names: --all, the names given, else the flagship."""
     if getattr(args, "all", False):
         return grid.cells
     if getattr(args, "cells", None):
