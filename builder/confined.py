@@ -87,7 +87,3 @@ def write_text(path: Path, text: str) -> None:
         raise UserError(f"cannot write: {error.strerror}", path) from None
     with os.fdopen(handle, "w") as file:
         file.write(text)
-
-
-def is_link(path: Path) -> bool:
-    return os.path.islink(path)

@@ -52,7 +52,6 @@ Report = Callable[[str], None]
 class Bundle:
     root: Path
     cell: str
-    matrix: Path
     files: dict[str, str]  # path under root -> sha256
 
 
@@ -136,7 +135,7 @@ def gather(grid: Matrix, cell: Cell, output: Path, house: wheelhouse.Wheelhouse,
     if output.exists():
         output.rmdir()  # empty, as checked above
     partial.rename(output)
-    return Bundle(output, cell.name, output / "matrix.yaml", files)
+    return Bundle(output, cell.name, files)
 
 
 def _manifest(root: Path) -> dict[str, object]:
@@ -177,7 +176,7 @@ def open_bundle(root: Path, report: Report) -> Bundle:
             raise UserError(f"{path} does not match its sha256 in {MANIFEST}: altered since `bundle` wrote it")
     builder = data.get("builder")
     _same_builder(root, listed, str(builder.get("commit", "")) if isinstance(builder, dict) else "")
-    return Bundle(root, str(data["cell"]), root / "matrix.yaml", listed)
+    return Bundle(root, str(data["cell"]), listed)
 
 
 def _same_builder(root: Path, listed: dict[str, str], commit: str) -> None:

@@ -248,7 +248,7 @@ def orphan_dirs(grid: Matrix) -> list[Path]:
 
 def orphans(grid: Matrix) -> list[str]:
     return [
-        f"{d} belongs to no cell of {grid.path.name}" + (" (a symbolic link: remove it)" if confined.is_link(d) else "")
+        f"{d} belongs to no cell of {grid.path.name}" + (" (a symbolic link: remove it)" if os.path.islink(d) else "")
         for d in orphan_dirs(grid)
     ]
 
@@ -262,7 +262,7 @@ def remove_orphans(grid: Matrix) -> list[Path]:
     generated = {"Dockerfile", "spec.json", lock.STACK_LOCK, lock.FLAVOR_LOCK, debs.DEBIAN_LOCK, RECORDED_IMAGE_ID_FILE}
     removed = []
     for directory in orphan_dirs(grid):
-        if confined.is_link(directory):
+        if os.path.islink(directory):
             continue  # what a link points at is not the builder's to delete
         entries = list(directory.iterdir())
         if all(e.is_file() and not e.is_symlink() and e.name in generated for e in entries):

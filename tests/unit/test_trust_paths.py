@@ -212,7 +212,7 @@ def test_a_bundle_holding_the_repositorys_cell_and_its_locked_files_passes(
         f"cache/sha256/{deb.sha256[:2]}/{deb.sha256}/{Path(deb.path).name}": deb.sha256,
         f"cache/{served.lock_page(locks.stack)}{lock.STACK_LOCK}": locks.stack.sha256,
     }
-    bundle.check_against_repository(bundle.Bundle(tmp_path, CELL, tmp_path / "m", files), cell, locks)  # type: ignore[arg-type]
+    bundle.check_against_repository(bundle.Bundle(tmp_path, CELL, files), cell, locks)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -251,7 +251,7 @@ def test_a_bundle_changed_together_with_its_manifest_is_refused(
     else:
         files[name] = sha256
     with pytest.raises(UserError, match=needle):
-        bundle.check_against_repository(bundle.Bundle(tmp_path, CELL, tmp_path / "m", files), cell, locks)  # type: ignore[arg-type]
+        bundle.check_against_repository(bundle.Bundle(tmp_path, CELL, files), cell, locks)  # type: ignore[arg-type]
 
 
 def test_bundle_gathers_no_file_through_a_link_in_a_cell_folder(tmp_path: Path, outside: Path) -> None:
