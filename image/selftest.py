@@ -8,7 +8,8 @@ Checks: the host (driver against the image's CUDA, /dev/shm), environment (versi
 the image's spec; GPU architecture), the CUDA libraries torch loads against the wheels
 installed, conv2d, linear algebra and NumPy, torch.compile (dtypes, max-autotune on GPU),
 AMP training, SDPA with every backend the device offers (grouped-query shapes included),
-matmul and memory bandwidth against the GPU's datasheet, a two-process all_reduce, and the
+matmul and memory bandwidth against the GPU's datasheet, a two-process all_reduce and a
+torch.distributed.rpc round trip over TensorPipe, and the
 CUDA runtime (NVSHMEM, device-side asserts). Every check has a correctness gate; speed
 thresholds apply on GPUs listed in gpu_peaks.json. Exits 1 if any check fails; a warning
 (a host setting that will bite later) does not fail the run.
@@ -739,15 +740,46 @@ def _all_reduce_worker(rank: int, world: int, backend: str, init_file: str) -> N
     dist.destroy_process_group()
 
 
+def _rpc_double(tensor: "torch.Tensor") -> "torch.Tensor":
+    return tensor * 2
+
+
+def _rpc_worker(rank: int, world: int, init_file: str) -> None:
+    from torch.distributed import rpc
+
+    # Loopback only: the self-test runs without a network (--network none).
+    options = rpc.TensorPipeRpcBackendOptions(init_method=f"file://{init_file}", _transports=["uv"])
+    rpc.init_rpc(f"worker{rank}", rank=rank, world_size=world, rpc_backend_options=options)
+    if rank == 0:
+        sent = torch.arange(1024, dtype=torch.float32)
+        answer = rpc.rpc_sync("worker1", _rpc_double, args=(sent,))
+        if not torch.equal(answer, sent * 2):
+            raise SystemExit("TensorPipe RPC round trip returned a different tensor")
+    rpc.shutdown()
+
+
 def check_distributed(ctx: Context) -> Metrics:
-    """A two-process all_reduce: NCCL across two GPUs, gloo otherwise."""
+    """A two-process all_reduce (NCCL across two GPUs, gloo otherwise), then a torch.distributed.rpc
+    round trip over TensorPipe between two processes."""
     import torch.multiprocessing as mp
 
     backend = "nccl" if ctx.cuda and torch.cuda.device_count() >= 2 else "gloo"
     with tempfile.TemporaryDirectory() as scratch:
         start = time.perf_counter()
         mp.spawn(_all_reduce_worker, args=(2, backend, os.path.join(scratch, "rendezvous")), nprocs=2, join=True)
-    return {"backend": backend, "world_size": 2, "seconds": round(time.perf_counter() - start, 2)}
+        all_reduce_s = time.perf_counter() - start
+        start = time.perf_counter()
+        environment = {"TP_SOCKET_IFNAME": os.environ.get("TP_SOCKET_IFNAME", "lo")}
+        os.environ.update(environment)  # inherited by the spawned workers
+        mp.spawn(_rpc_worker, args=(2, os.path.join(scratch, "rpc-rendezvous")), nprocs=2, join=True)
+        rpc_s = time.perf_counter() - start
+    return {
+        "backend": backend,
+        "world_size": 2,
+        "seconds": round(all_reduce_s, 2),
+        "rpc": "tensorpipe",
+        "rpc_seconds": round(rpc_s, 2),
+    }
 
 
 # Provided by the host's NVIDIA driver through the container runtime, never by an image.
@@ -813,7 +845,44 @@ CHECKS = [
 ]
 
 
+# The checks a GPU report must pass on the GPU itself (a skip is not a pass): the publish gate
+# of a CUDA image reads this list, as it reads CHECKS.
+GPU_CHECKS = ["libraries", "triton", "torch.compile", "amp", "sdpa", "throughput", "distributed", "cuda-runtime"]
+
+
 # ----------------------------------------------------------------------------- running
+
+
+def _driver_version() -> Optional[str]:
+    """The NVIDIA kernel driver's version (550.54.15): nvidia-smi where the container runtime
+    mounts it, else the kernel module's own line."""
+    smi = nvidia_smi()
+    if smi and smi.get("driver_version"):
+        return smi["driver_version"]
+    try:
+        line = Path("/proc/driver/nvidia/version").read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return None
+    words = [w for w in line.split() if w[:1].isdigit() and "." in w]
+    return words[0] if words else None
+
+
+def accelerator(ctx: Context) -> Dict[str, Any]:
+    """What the report ran on: the device the gate names (model, compute capability, driver) and
+    whether gpu_peaks.json knew it, so that its speed gates applied."""
+    if not ctx.cuda:
+        return {"kind": "cpu"}
+    major, minor = ctx.capability
+    return {
+        "kind": "cuda",
+        "name": ctx.gpu_name,
+        "count": torch.cuda.device_count(),
+        "capability": f"{major}.{minor}",
+        "driver": _driver_version(),
+        "driver_cuda": _driver_cuda_version(),
+        "peaks": ctx.peaks["model"] if ctx.peaks else None,
+        "gated": ctx.peaks is not None,
+    }
 
 
 def _peak_memory(ctx: Context) -> Optional[int]:
@@ -926,6 +995,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "failed": failed,
         "warnings": [r["message"] for r in results if r["status"] == "warn"],
         "device": ctx.gpu_name or "cpu",
+        "accelerator": accelerator(ctx),
         "host": platform.node(),
         "torch": torch.__version__,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
