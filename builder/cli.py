@@ -21,13 +21,14 @@ from builder.commands import (
     size,
     smoke,
     update,
+    verify,
 )
 from builder.commands.common import Register, console
 from builder.config import schema
 from builder.errors import EXIT_USER_ERROR, UserError
 
 # In the order `--help` lists them.
-COMMANDS = (plan, lock, render, build, publish, ci, repro, bundle, size, smoke, engine, compat, update)
+COMMANDS = (plan, lock, render, build, publish, verify, ci, repro, bundle, size, smoke, engine, compat, update)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -126,16 +126,27 @@ STATUSES = frozenset({"pass", "skip", "warn", "fail"})
 DEVICE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._()/+:@-]{0,119}")
 
 
+def _selftest_table(name: str) -> ast.List:
+    tree = ast.parse(paths.SELFTEST.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            assert isinstance(node.value, ast.List)
+            return node.value
+    raise AssertionError(f"{paths.SELFTEST} has no {name} table")
+
+
 @functools.cache
 def expected_checks() -> tuple[str, ...]:
     """The checks the images' self-test runs: the names in image/selftest.py's CHECKS table, read
     without importing it (it needs torch)."""
-    tree = ast.parse(paths.SELFTEST.read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "CHECKS" for t in node.targets):
-            assert isinstance(node.value, ast.List)
-            return tuple(ast.literal_eval(entry.elts[0]) for entry in node.value.elts if isinstance(entry, ast.Tuple))
-    raise AssertionError(f"{paths.SELFTEST} has no CHECKS table")
+    table = _selftest_table("CHECKS")
+    return tuple(ast.literal_eval(entry.elts[0]) for entry in table.elts if isinstance(entry, ast.Tuple))
+
+
+@functools.cache
+def gpu_checks() -> tuple[str, ...]:
+    """The checks a GPU report must pass on the device (image/selftest.py's GPU_CHECKS)."""
+    return tuple(ast.literal_eval(_selftest_table("GPU_CHECKS")))
 
 
 def why_not_a_pass(report: object, image_id: str) -> str | None:
@@ -168,3 +179,68 @@ def why_not_a_pass(report: object, image_id: str) -> str | None:
     if not isinstance(device, str) or not DEVICE.fullmatch(device):
         return "the report's device is not a plain name (letters, digits, spaces and . _ ( ) / + : @ -)"
     return None
+
+
+CAPABILITY = re.compile(r"[0-9]{1,2}\.[0-9]{1,2}")
+DRIVER = re.compile(r"[0-9]{2,4}(\.[0-9]{1,4}){1,3}")
+
+
+def report_kind(report: dict[str, Any]) -> str:
+    """ "gpu" for a report that ran on a CUDA device, else "cpu" (what the report says of itself;
+    why_not_a_gpu_pass checks that it holds)."""
+    accelerator = report.get("accelerator")
+    return "gpu" if isinstance(accelerator, dict) and accelerator.get("kind") == "cuda" else "cpu"
+
+
+def why_not_a_gpu_pass(report: object, image_id: str) -> str | None:
+    """None when `report` is a passing self-test of exactly this image on a CUDA device, else why
+    not: a pass (why_not_a_pass), on a device it names with its compute capability and driver
+    version, with every GPU check passed on it (a skip is not a pass), and its speed figures where
+    gpu_peaks.json knows the device."""
+    why = why_not_a_pass(report, image_id)
+    if why is not None:
+        return why
+    assert isinstance(report, dict)
+    accelerator = report.get("accelerator")
+    if not isinstance(accelerator, dict) or accelerator.get("kind") != "cuda":
+        return f"the report ran on {report.get('device')}, not on a CUDA device"
+    name, capability, driver = accelerator.get("name"), accelerator.get("capability"), accelerator.get("driver")
+    if not isinstance(name, str) or not DEVICE.fullmatch(name) or name != report.get("device"):
+        return "the report names no GPU model (accelerator.name, as its device)"
+    if not isinstance(capability, str) or not CAPABILITY.fullmatch(capability):
+        return "the report names no compute capability (accelerator.capability, such as 9.0)"
+    if not isinstance(driver, str) or not DRIVER.fullmatch(driver):
+        return "the report names no driver version (accelerator.driver, such as 550.54.15)"
+    statuses = {c["check"]: c["status"] for c in report["checks"]}
+    not_passed = [f"{name} {statuses[name]}" for name in gpu_checks() if statuses.get(name) != "pass"]
+    if not_passed:
+        return f"GPU checks did not pass on the device: {', '.join(not_passed)}"
+    if accelerator.get("gated") is not True and accelerator.get("gated") is not False:
+        return "the report does not say whether its speed gates applied (accelerator.gated)"
+    if accelerator["gated"] and gpu_figures(report).get("matmul_bf16_fraction_of_peak") is None:
+        return "the report says its speed gates applied but carries no fraction of peak"
+    return None
+
+
+def gpu_figures(report: dict[str, Any]) -> dict[str, Any]:
+    """What the published-tags table shows of a GPU report: the device, and its gated figures
+    (bf16 matmul as a fraction of peak, SDPA flash and cuDNN against math, compile time)."""
+    found_accelerator = report.get("accelerator")
+    accelerator: dict[str, Any] = found_accelerator if isinstance(found_accelerator, dict) else {}
+    metrics = {c.get("check"): c.get("metrics") for c in report.get("checks", []) if isinstance(c, dict)}
+
+    def figure(check: str, key: str) -> float | None:
+        found = metrics.get(check)
+        value = found.get(key) if isinstance(found, dict) else None
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    return {
+        "device": report.get("device"),
+        "capability": accelerator.get("capability"),
+        "driver": accelerator.get("driver"),
+        "gated": accelerator.get("gated") is True,
+        "matmul_bf16_fraction_of_peak": figure("throughput", "matmul_bf16_fraction_of_peak"),
+        "sdpa_flash_vs_math": figure("sdpa", "flash_attention_speedup_vs_math_4096"),
+        "sdpa_cudnn_vs_math": figure("sdpa", "cudnn_attention_speedup_vs_math_4096"),
+        "compile_s": figure("torch.compile", "compile_s"),
+    }

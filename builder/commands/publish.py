@@ -42,6 +42,12 @@ def add(register: Register) -> None:
         help="CI, once every cell passed: gate on the reports attached in the registry (no engine or image needed), "
         "then point the versioned tags at the staged images and move the aliases",
     )
+    stages.add_argument(
+        "--gpu-test",
+        action="store_true",
+        help="CI's GPU stage, on a runner with GPUs and the NVIDIA container toolkit: pull each CUDA cell's staged "
+        "image, self-test it with every GPU, and attach the report to its digest beside the others",
+    )
     publish_cmd.add_argument(
         "--run", default="local", help="with --stage and --promote: the run ID that ties them (CI's run number)"
     )
@@ -52,9 +58,12 @@ def run(args: argparse.Namespace) -> int:
     grid = grid_of(args)
     use_registry_option(grid, args)
     cells, say = cells_of(args, grid), lambda text: console.print(text)
-    if args.stage or args.promote:
+    if args.stage or args.promote or args.gpu_test:
         staging.check_run(args.run)
         registry = registry_of(grid, args)
+        if args.gpu_test:
+            failures = staging.gpu_test(daemon.client(), registry, grid, cells, args.run, say)
+            return 0 if all(why is None for why in failures) else 1
         if args.stage:
             items = staging.stage(daemon.client(), registry, grid, cells, args.run, say)
             for item in items:

@@ -44,6 +44,9 @@ REPOSITORY = Grammar(
     'a repository path such as "torch" or "ml/torch" (lower case, digits, separators . _ - /)',
 )
 TAG = Grammar(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}", "at most 128 of A-Z a-z 0-9 _ . - (not starting with . or -)")
+# A CI runner label (GitHub's runs-on, GitLab's tags): plain name characters, nothing a workflow
+# or a shell reads as syntax.
+RUNNER_LABEL = Grammar(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", "a runner label such as self-hosted or gpu")
 # A relative folder inside the project: no absolute paths, no `..`.
 RELATIVE_DIR = Grammar(
     r"(?!\.\.?(/|$))[A-Za-z0-9_][A-Za-z0-9._-]*(/(?!\.\.?(/|$))[A-Za-z0-9_][A-Za-z0-9._-]*)*",

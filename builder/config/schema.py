@@ -25,6 +25,7 @@ from builder.config.validated import (
     RegistryHost,
     RelativeDir,
     Repository,
+    RunnerLabel,
     Sha256,
     Size,
     Strict,
@@ -122,6 +123,24 @@ class WheelhouseSpec(Strict):
     listen: Loopback = "127.0.0.1:8741"
 
 
+Arch = Literal["amd64", "arm64"]
+
+
+class CiSpec(Strict):
+    """What `ci` writes beyond the build jobs: the GPU stage. Every CUDA cell's tags wait for a
+    passing self-test on a GPU, run on a runner with these labels, unless `gpu_optional` selects
+    the cell (its record and the README then say `GPU: not tested`)."""
+
+    # labels of runners with NVIDIA GPUs: a list for x86-64 ones, or one list per architecture
+    gpu_runner: list[RunnerLabel] | dict[Arch, list[RunnerLabel]] = {}
+    gpu_optional: list[Selector] = []
+
+    def gpu_runner_for(self, arch: str) -> list[str]:
+        if isinstance(self.gpu_runner, list):
+            return list(self.gpu_runner) if arch == "amd64" else []
+        return list(self.gpu_runner.get(arch, []))  # type: ignore[call-overload]
+
+
 class MatrixSpec(Strict):
     registry: RegistryHost
     repository: Repository
@@ -137,6 +156,7 @@ class MatrixSpec(Strict):
     defaults: Selector = Selector()
     axes: Axes | None = None
     include: list[Selector] = []
+    ci: CiSpec = CiSpec()
 
     def uses_flavor(self, name: str) -> bool:
         return name in (self.axes.flavor if self.axes else []) or any(s.flavor == name for s in self.include)
@@ -174,6 +194,7 @@ def _check_references(spec: MatrixSpec, source: SourceMap) -> None:
     groups += [(("include", i), s) for i, s in enumerate(spec.include)]
     groups += [(("exclude", i), s) for i, s in enumerate(spec.exclude)]
     groups += [(("aliases", i, "where"), a.where) for i, a in enumerate(spec.aliases)]
+    groups += [(("ci", "gpu_optional", i), s) for i, s in enumerate(spec.ci.gpu_optional)]
     for where, selector in groups:
         check((*where, "base"), "base", selector.base, list(spec.bases))
         check((*where, "flavor"), "flavor", selector.flavor, known_flavors)

@@ -47,6 +47,7 @@ Size = Annotated[str, field(grammar.SIZE)]
 Sha256 = Annotated[str, field(grammar.SHA256)]
 DebianPackage = Annotated[str, field(grammar.DEBIAN_PACKAGE)]
 PlatformName = Annotated[str, field(grammar.PLATFORM)]
+RunnerLabel = Annotated[str, field(grammar.RUNNER_LABEL)]
 Requirement = Annotated[str, field(grammar.REQUIREMENT)]
 
 

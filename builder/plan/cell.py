@@ -71,6 +71,9 @@ class Cell:
     origin: str = ""  # "axes" or "include"; where a cell came from decides if a failure is an error
     images_root: Path | None = None  # the matrix's images folder; the cell's files are in images_root/name
     platform: str = platforms.DEFAULT  # cells that differ only in platform share their tags (a multi-arch index)
+    # A CUDA cell's tags wait for a passing GPU self-test ("required") unless the matrix's
+    # ci.gpu_optional selects it ("optional"); a CPU cell has no GPU gate ("none").
+    gpu_gate: str = "none"
 
     @property
     def arch(self) -> str:

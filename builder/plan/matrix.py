@@ -200,8 +200,15 @@ def _named(cell: Cell, spec: MatrixSpec) -> Cell:
             "tag": spec.tag.format(**fields),
             "aliases": tuple(aliases),
             "flagship": flagship,
+            "gpu_gate": _gpu_gate(cell, spec),
         }
     )
+
+
+def _gpu_gate(cell: Cell, spec: MatrixSpec) -> str:
+    if not cell.is_cuda:
+        return "none"
+    return "optional" if any(_matches(selector, cell) for selector in spec.ci.gpu_optional) else "required"
 
 
 def _cell_values(cell: Cell) -> dict[str, str | None]:

@@ -13,7 +13,7 @@ from builder.plan.cell import Cell
 class Publication:
     cell: Cell
     image_id: str
-    report: dict[str, Any]
+    report: dict[str, Any]  # the passing self-test the gate read (the build machine's)
     build_id: str = ""  # the image's io.torch-images.build-id label: a content hash of its inputs
     digest: str = ""
     unchanged: bool = False
@@ -22,6 +22,7 @@ class Publication:
     staging_tag: str = ""  # pushed under this tag instead of the versioned one (publish --stage)
     image_tag: str = ""  # `<tag>-<arch>` when the versioned tag is a multi-arch index (multiarch.py)
     tag_digest: str = ""  # what the versioned tag points at, when not the image itself: the index
+    gpu_report: dict[str, Any] | None = None  # the passing GPU self-test a CUDA cell's gate read
 
     @property
     def target(self) -> str:

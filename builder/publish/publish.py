@@ -32,7 +32,7 @@ from builder.errors import UserError
 from builder.lock import requirements as lock
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
-from builder.publish import multiarch, sbom
+from builder.publish import multiarch, reports, sbom
 from builder.publish.publication import Publication
 from builder.publish.registry import Manifest, Registry
 
@@ -57,9 +57,18 @@ def gate(engine: docker.DockerClient, grid: Matrix, cells: list[Cell]) -> list[P
                 f"run `python -m builder smoke {cell.name}`"
             )
             continue
+        gated = reports.gate([report], image_id, cell.gpu_gate)
+        if isinstance(gated, str):
+            refused.append(f"{cell.name}: {gated}")
+            continue
         labels = engine.images.get(image_id).labels or {}
         build_id = labels.get(BUILD_ID_LABEL, "")
-        ready.append(Publication(cell, image_id, report, build_id, image_tag=multiarch.image_tag(grid, cell)))
+        ready.append(
+            Publication(
+                cell, image_id, gated.report, build_id, image_tag=multiarch.image_tag(grid, cell),
+                gpu_report=gated.gpu_report,
+            )
+        )  # fmt: skip
     if refused:
         raise UserError("refused, nothing pushed: " + " | ".join(refused))
     return ready
@@ -118,7 +127,7 @@ def _config_digest(manifest: Manifest) -> str | None:
     return digest
 
 
-ARTIFACT_TYPES = {"sbom": "application/vnd.cyclonedx+json", "selftest": "application/vnd.torch-images.selftest.v1+json"}
+ARTIFACT_TYPES = {"sbom": "application/vnd.cyclonedx+json", "selftest": reports.SELFTEST_TYPE}
 
 
 def missing_artifacts(registry: Registry, grid: Matrix, item: Publication) -> list[str]:
@@ -142,7 +151,7 @@ def _push_metadata(
         ]
         documents["sbom"] = sbom.build_sbom(engine, item.image_id, item.cell, locks, item.cell.tag)
     if "selftest" in kinds:
-        documents["selftest"] = {k: v for k, v in item.report.items() if k != "table"}
+        reports.attach(registry, grid.spec.repository, subject, item.target, item.report, item.build_id, item.cell.tag)
     for kind, document in documents.items():
         registry.push_artifact(
             grid.spec.repository, f"{item.target}.{kind}", json.dumps(document, sort_keys=True).encode(),
@@ -250,6 +259,7 @@ def write_record(grid: Matrix, item: Publication, records_dir: Path) -> Path:
             "passed": sum(1 for c in checks if c["status"] == "pass"),
             "checks": len(checks),
         },
+        "gpu": reports.record_entry(item.cell.gpu_gate, item.gpu_report),
         "sbom": f"{item.image_tag or item.cell.tag}.sbom",
         "attached": {kind: ARTIFACT_TYPES[kind] for kind in ARTIFACT_TYPES},  # to the digest, as OCI referrers
         "published": times.iso_utc(time.time()),
@@ -298,7 +308,31 @@ def _table_row(record: object) -> str | None:
         f"{markdown_text(selftest.get('checks'))} on {markdown_text(selftest.get('device'))})"
     )
     name = f"{record.get('repository')}:{tag}"
-    return f"| {code_text(name)} | {platform} | {aliases_text} | `{digest_text}` | {verdict} |"
+    gpu = _gpu_text(record.get("gpu"))
+    return f"| {code_text(name)} | {platform} | {aliases_text} | `{digest_text}` | {verdict} | {gpu} |"
+
+
+def _gpu_text(entry: object) -> str:
+    """The GPU column: the device a CUDA tag was proven on and its figures, `GPU: not tested`
+    where the matrix made its gate optional and no GPU ran it, `-` for a CPU image."""
+    if not isinstance(entry, dict):
+        return "-"
+    if entry.get("status") != "pass":
+        return "GPU: not tested"
+
+    def number(key: str, form: str) -> str | None:
+        value = entry.get(key)
+        return form.format(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    figures = [
+        f"bf16 matmul {number('matmul_bf16_fraction_of_peak', '{:.0%}')} of peak"
+        if number("matmul_bf16_fraction_of_peak", "{}") else "not gated (no datasheet peak)",
+        *(f"SDPA {name} {number(key, '{:.1f}')}x math" for name, key in (("flash", "sdpa_flash_vs_math"),
+          ("cuDNN", "sdpa_cudnn_vs_math")) if number(key, "{}")),
+        *([f"compile {number('compile_s', '{:.1f}')} s"] if number("compile_s", "{}") else []),
+    ]  # fmt: skip
+    device = f"{entry.get('device')} (sm {entry.get('capability')}, driver {entry.get('driver')})"
+    return f"{markdown_text(device)}: {', '.join(markdown_text(figure) for figure in figures)}"
 
 
 DIGEST_TEXT = re.compile(r"sha256:[0-9a-f]{64}")
@@ -316,7 +350,7 @@ def update_readme_table(readme: Path, records_dir: Path) -> None:
     rows = [row for row in map(_table_row, records) if row is not None]
     if not rows:
         return
-    rows = ["| tag | platform | aliases | digest | self-test |", "|---|---|---|---|---|", *rows]
+    rows = ["| tag | platform | aliases | digest | self-test | GPU |", "|---|---|---|---|---|---|", *rows]
     text = readme.read_text()
     start, end = text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)
     readme.write_text(text[:start] + "\n" + "\n".join(rows) + "\n" + text[end:])

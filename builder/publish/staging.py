@@ -21,11 +21,12 @@ from pathlib import Path
 import docker
 
 from builder.assemble import build, smoke
+from builder.assemble.build import BUILD_ID_LABEL
 from builder.config import grammar
 from builder.errors import UserError
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
-from builder.publish import existing, multiarch, publish
+from builder.publish import existing, multiarch, publish, reports
 from builder.publish.publication import Publication
 from builder.publish.publish import ARTIFACT_TYPES
 from builder.publish.registry import IMAGE_TYPES, Registry
@@ -88,6 +89,52 @@ def _stage_published(
     return Publication(cell, "", {}, build_id=build_id, digest=manifest.digest, unchanged=True, image_tag=published)
 
 
+def gpu_test(
+    engine: docker.DockerClient, registry: Registry, grid: Matrix, cells: list[Cell], run: str, report: Report
+) -> list[str | None]:
+    """CI's GPU stage, on a runner with GPUs: pull each CUDA cell's staged image by digest, run
+    its self-test with every GPU (host checks included), and attach the report to that digest
+    beside the ones already there, whatever it says (promote reads them all). Returns, per cell,
+    None for a GPU pass, else why not."""
+    check_run(run)
+    cpu = [cell.name for cell in cells if not cell.is_cuda]
+    if cpu:
+        raise UserError(f"{', '.join(cpu)}: a CPU image has no GPU stage; name CUDA cells")
+    if not smoke.has_nvidia_runtime(engine):
+        raise UserError(
+            "the engine has no NVIDIA runtime, so no container sees a GPU: run this on a GPU runner with the "
+            "NVIDIA container toolkit (nvidia-ctk runtime configure --runtime=docker)"
+        )
+    results: list[str | None] = []
+    for cell in cells:
+        repository, tag = grid.spec.repository, staging_tag(grid, cell, run)
+        manifest = registry.manifest(repository, tag)
+        if manifest is None or manifest.media_type not in IMAGE_TYPES:
+            raise UserError(f"{cell.name}: {tag} is not one image in {grid.spec.registry}; stage it first")
+        image_id = json.loads(manifest.body)["config"]["digest"]
+        reference = f"{grid.spec.registry}/{repository}@{manifest.digest}"
+        report(f"{cell.name}: pulling {reference}")
+        found = registry.credentials
+        auth = {"username": found.username, "password": found.password} if found else None
+        try:
+            engine.images.pull(f"{grid.spec.registry}/{repository}", tag=manifest.digest, auth_config=auth)
+            pulled = engine.images.get(reference)
+        except docker.errors.APIError as error:
+            raise UserError(
+                f"{cell.name}: the engine could not pull {reference}: {error.explanation or error}"
+            ) from None
+        if pulled.id != image_id:
+            raise UserError(f"{cell.name}: {reference} pulled as image {pulled.id[7:19]}, staged as {image_id[7:19]}")
+        result = smoke.run(engine, reference, gpus=True)
+        build_id = (pulled.labels or {}).get(BUILD_ID_LABEL, "")
+        reports.attach(registry, repository, manifest, tag, result.report, build_id, cell.tag)
+        why = smoke.why_not_a_gpu_pass(result.report, image_id)
+        verdict = "pass" if why is None else f"not a pass: {why}"
+        report(f"{cell.name}: GPU self-test {verdict}, attached to {manifest.digest[:19]}")
+        results.append(why)
+    return results
+
+
 def gate_in_registry(registry: Registry, grid: Matrix, cells: list[Cell], run: str) -> list[Publication]:
     """Every cell staged in this run, with a passing self-test of exactly that image and an SBOM
     attached to its digest; refuses them all, naming each one, otherwise."""
@@ -118,14 +165,14 @@ def _staged(registry: Registry, grid: Matrix, cell: Cell, run: str) -> Publicati
         return f"no SBOM attached to {manifest.digest[:19]}"
     if ARTIFACT_TYPES["selftest"] not in attached:
         return f"no self-test report attached to {manifest.digest[:19]}"
-    report = registry.artifact(repository, attached[ARTIFACT_TYPES["selftest"]], smoke.MAX_REPORT_BYTES)
-    why = smoke.why_not_a_pass(report, image_id)
-    if why is not None:
-        return f"the attached self-test report is not a pass for image {image_id[7:19]}: {why}"
+    gated = reports.gate(reports.attached(registry, repository, manifest.digest), image_id, cell.gpu_gate)
+    if isinstance(gated, str):
+        return gated
     build_id = existing.published_build_id(registry, repository, tag) or ""
     return Publication(
-        cell, image_id, report, build_id=build_id, digest=manifest.digest, image_tag=multiarch.image_tag(grid, cell)
-    )
+        cell, image_id, gated.report, build_id=build_id, digest=manifest.digest,
+        image_tag=multiarch.image_tag(grid, cell), gpu_report=gated.gpu_report,
+    )  # fmt: skip
 
 
 def promote(
@@ -149,17 +196,22 @@ def promote(
             raise UserError(f"{repository}:{staging_tag(grid, item.cell, run)} changed while promoting; nothing moved")
         registry.put_manifest(repository, item.target, staged)
         report(f"{item.target} -> {item.digest[:19]}")
-        _name_artifacts(registry, repository, item)
+        _name_artifacts(registry, repository, item, staging_tag(grid, item.cell, run))
     multiarch.push_indexes(registry, grid, items, report)
     publish.finish(registry, grid, items, report, records_dir, readme)
     return items
 
 
-def _name_artifacts(registry: Registry, repository: str, item: Publication) -> None:
-    """The attached SBOM and report also under `<tag>.sbom` and `<tag>.selftest`, for tools that
-    find artifacts by tag rather than through the referrers API."""
-    by_type = registry.attached(repository, item.digest)
-    for kind, media_type in ARTIFACT_TYPES.items():
-        manifest = registry.manifest(repository, by_type[media_type])
+def _name_artifacts(registry: Registry, repository: str, item: Publication, staged: str) -> None:
+    """The attached SBOM and reports also under the versioned tag's names (`<tag>.sbom`,
+    `<tag>.selftest`, `<tag>.selftest-gpu-<model>`), for tools that find artifacts by tag rather
+    than through the referrers API: each is what its staging name holds."""
+    names = [(f"{staged}.sbom", f"{item.target}.sbom")]
+    names += [
+        (reports.artifact_tag(staged, r), reports.artifact_tag(item.target, r))
+        for r in (item.report, item.gpu_report) if r
+    ]  # fmt: skip
+    for source, target in names:
+        manifest = registry.manifest(repository, source)
         if manifest is not None:
-            registry.put_manifest(repository, f"{item.target}.{kind}", manifest)
+            registry.put_manifest(repository, target, manifest)

@@ -431,6 +431,8 @@ def test_report_text_reaches_the_readme_as_inert_text(tmp_path: Path) -> None:
             "checks": "<img src=x>",
             "device": "cpu\n| injected | row |",
         },
+        "gpu": {"status": "pass", "device": "H200 | <i>x</i>", "capability": "`9.0", "driver": "[d](x)",
+                "matmul_bf16_fraction_of_peak": 0.8},
     }
     (records / "a.json").write_text(json.dumps(hostile))
     readme = tmp_path / "README.md"
@@ -442,5 +444,6 @@ def test_report_text_reaches_the_readme_as_inert_text(tmp_path: Path) -> None:
     assert "<" not in table.replace(publish.TABLE_START, "") and "](javascript:" not in table
     assert len([line for line in table.splitlines() if line.startswith("|")]) == 3  # header, rule, one row
     row = table.splitlines()[-1]
-    assert row.count(" | ") == 4  # five cells: the device's | is escaped, not a new cell
+    assert row.count(" | ") == 5  # six cells: the device's | is escaped, not a new cell
+    assert "bf16 matmul 80% of peak" in row and "\\`9.0" in row  # the backtick escaped: no code span
     assert "`127.0.0.1:5000/torch:2.13.0-cpu`" in row

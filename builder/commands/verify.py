@@ -1,0 +1,47 @@
+"""`python -m builder verify REF`: before `FROM REF`, check what the registry attached to it."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from builder.commands.common import Register, console, registry_options
+from builder.errors import UserError
+from builder.plan import matrix
+from builder.publish import verify
+from builder.publish.registry import Registry
+
+
+def add(register: Register) -> None:
+    verify_cmd = register(
+        "verify",
+        "check an image in its registry before you build FROM it: SBOM, self-test reports, GPU proof, build ID",
+        "Needs no engine, only the registry (credentials as `publish` finds them). Lists each attached artifact "
+        "and which checks passed on which device; exits 1 when any is missing, failed, or belongs to another "
+        "digest. A CUDA image needs a passing GPU report unless this checkout's matrix makes its gate optional.",
+    )
+    verify_cmd.add_argument("reference", help="REGISTRY/REPOSITORY:TAG or REGISTRY/REPOSITORY@sha256:...")
+    registry_options(verify_cmd, argparse.SUPPRESS)
+    verify_cmd.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    reference = verify.parse_reference(args.reference)
+    if args.registry:
+        raise UserError("verify reads the registry from the reference; write REGISTRY/REPOSITORY:TAG")
+    grid = matrix.load_matrix(Path(args.matrix)) if Path(args.matrix).is_file() else None
+    registry = Registry.for_publishing(reference.registry, args.registry_ca, args.insecure_registry)
+    registry.check()
+    images = verify.verify(registry, reference, grid)
+    failed = False
+    for image in images:
+        where = f" [{image.platform}]" if image.platform else ""
+        cell = f", cell {image.cell}" if image.cell else ""
+        print(f"{reference}{where} -> {image.digest} (image {image.image_id[7:19]}{cell})")
+        for line in image.lines:
+            print(f"  {line}")
+        for problem in image.problems:
+            print(f"  PROBLEM: {problem}")
+        failed = failed or bool(image.problems)
+    console.print(f"{reference}: {'NOT verified' if failed else 'verified'}")
+    return 1 if failed else 0

@@ -1,0 +1,107 @@
+"""Self-test reports as the registry holds them: several side by side on one digest (the build
+machine's, and GPU reports from as many devices as ran it), none replacing another, and the
+gate that reads them.
+
+A report's artifact carries its kind ("cpu" or "gpu") and device as annotations, for listing;
+the gate never trusts those: it reads each report's own body against the image ID.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from builder.assemble import smoke
+from builder.errors import UserError
+from builder.publish.registry import Manifest, Registry
+
+SELFTEST_TYPE = "application/vnd.torch-images.selftest.v1+json"
+KIND_ANNOTATION = "io.torch-images.selftest.kind"
+DEVICE_ANNOTATION = "io.torch-images.selftest.device"
+# Reports a digest may carry before the gate stops reading: one per machine that ran it.
+MAX_REPORTS = 32
+
+
+@dataclass(frozen=True)
+class Gated:
+    """The reports that let an image's tags move: a passing self-test, and for a CUDA cell whose
+    gate is required, a passing GPU self-test (the same report when the build ran on a GPU)."""
+
+    report: dict[str, Any]
+    gpu_report: dict[str, Any] | None
+
+
+def attached(registry: Registry, repository: str, digest: str) -> list[dict[str, Any]]:
+    """Every self-test report attached to `digest`, read from the registry (each capped)."""
+    entries = registry.referrers(repository, digest, SELFTEST_TYPE)
+    if len(entries) > MAX_REPORTS:
+        raise UserError(
+            f"registry {registry.host}: {digest[:19]} carries {len(entries)} self-test reports, more than "
+            f"{MAX_REPORTS}; remove the stale ones"
+        )
+    return [registry.artifact(repository, str(entry["digest"]), smoke.MAX_REPORT_BYTES) for entry in entries]
+
+
+def gate(reports: list[Any], image_id: str, gpu_gate: str) -> Gated | str:
+    """The reports that pass for exactly `image_id`, or why the image may not be tagged."""
+    passing = [r for r in reports if smoke.why_not_a_pass(r, image_id) is None]
+    if not passing:
+        reasons = sorted({smoke.why_not_a_pass(r, image_id) or "" for r in reports}) or ["none attached"]
+        return f"no passing self-test report for image {image_id[7:19]} ({'; '.join(reasons)})"
+    on_gpu = [r for r in passing if smoke.why_not_a_gpu_pass(r, image_id) is None]
+    build_report = next((r for r in passing if smoke.report_kind(r) == "cpu"), passing[0])
+    if gpu_gate == "required" and not on_gpu:
+        reasons = sorted({smoke.why_not_a_gpu_pass(r, image_id) or "" for r in reports})
+        return (
+            f"no passing GPU self-test for image {image_id[7:19]}, which its CUDA tags require "
+            f"({'; '.join(reasons)}); run the workflow's GPU stage (`publish --gpu-test`) on a GPU runner, "
+            "or list the cell under ci.gpu_optional in the matrix"
+        )
+    return Gated(build_report, on_gpu[0] if on_gpu and gpu_gate != "none" else None)
+
+
+def artifact_annotations(report: dict[str, Any], build_id: str, tag: str) -> dict[str, str]:
+    kind = smoke.report_kind(report)
+    device = report.get("device")
+    return {
+        "org.opencontainers.image.ref.name": tag,
+        "io.torch-images.build-id": build_id,
+        KIND_ANNOTATION: kind,
+        DEVICE_ANNOTATION: device if isinstance(device, str) and smoke.DEVICE.fullmatch(device) else "unknown",
+    }
+
+
+def artifact_tag(target: str, report: dict[str, Any]) -> str:
+    """`<tag>.selftest` for the build machine's report, `<tag>.selftest-gpu-<model>` for a GPU's,
+    so that reports from several devices keep tags of their own."""
+    if smoke.report_kind(report) == "cpu":
+        return f"{target}.selftest"[:128]
+    model = re.sub(r"[^a-z0-9]+", "-", str(report.get("device", "")).lower()).strip("-") or "unknown"
+    return f"{target}.selftest-gpu-{model}"[:128].rstrip(".-")
+
+
+def attach(
+    registry: Registry, repository: str, subject: Manifest, target: str, report: dict[str, Any], build_id: str, tag: str
+) -> str:
+    """Attach one report to `subject`, beside whatever reports it already has."""
+    document = {k: v for k, v in report.items() if k != "table"}
+    return registry.push_artifact(
+        repository,
+        artifact_tag(target, report),
+        json.dumps(document, sort_keys=True).encode(),
+        SELFTEST_TYPE,
+        artifact_annotations(report, build_id, tag),
+        subject,
+    )
+
+
+def record_entry(gpu_gate: str, gpu_report: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What a publish record says of the GPU gate: the device and figures it passed on, `not
+    tested` for an optional gate without a report, nothing for a CPU image."""
+    if gpu_gate == "none":
+        return None
+    if gpu_report is None:
+        return {"status": "not tested", "gate": gpu_gate}
+    return {"status": "pass", "gate": gpu_gate, **smoke.gpu_figures(gpu_report)}

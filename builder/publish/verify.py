@@ -1,0 +1,246 @@
+"""`python -m builder verify REF`: what a user runs before `FROM REF`, with no engine.
+
+From the registry alone it reads the image (each platform's, for a multi-arch tag), its config's
+labels, and every artifact attached to its digest, and says: is there an SBOM, which self-test
+reports passed on which device, is the CUDA image proven on a GPU, and does the build ID label
+match what the artifacts (and this repository's publish record, where there is one) say. Each
+artifact is checked to name this digest as its subject, and each report to name this image.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from builder.assemble import smoke
+from builder.assemble.build import BUILD_ID_LABEL
+from builder.config import grammar
+from builder.errors import UserError
+from builder.plan.matrix import Matrix
+from builder.publish import reports
+from builder.publish.publish import ARTIFACT_TYPES
+from builder.publish.registry import DIGEST, IMAGE_TYPES, INDEX_TYPES, Manifest, Registry, json_object
+
+CELL_LABEL, CUDA_LABEL = "io.torch-images.cell", "io.torch-images.cuda"
+MAX_ARTIFACTS = 64  # an SBOM and a report per machine that ran the self-test, with room to spare
+
+
+@dataclass(frozen=True)
+class Reference:
+    registry: str
+    repository: str
+    tag: str | None
+    digest: str | None
+
+    @property
+    def reference(self) -> str:
+        return self.digest or self.tag or "latest"
+
+    def __str__(self) -> str:
+        return f"{self.registry}/{self.repository}" + (f"@{self.digest}" if self.digest else f":{self.reference}")
+
+
+def parse_reference(text: str) -> Reference:
+    """REGISTRY/REPOSITORY[:TAG][@DIGEST], each part against its grammar."""
+    hint = "write REGISTRY/REPOSITORY:TAG or REGISTRY/REPOSITORY@sha256:<64 hex>, such as ghcr.io/acme/torch:latest"
+    rest, _, digest = text.partition("@")
+    host, slash, path = rest.partition("/")
+    repository, tag = path, None
+    if ":" in path.rsplit("/", 1)[-1]:
+        repository, tag = path.rsplit(":", 1)
+    if not slash or not grammar.REGISTRY.matches(host) or not grammar.REPOSITORY.matches(repository):
+        raise UserError(f"{text[:200]!r} is not an image reference: {hint}")
+    if tag is not None and not grammar.TAG.matches(tag):
+        raise UserError(f"{text[:200]!r}: the tag {tag[:130]!r} is not a tag ({grammar.TAG.hint})")
+    if digest and not DIGEST.fullmatch(digest):
+        raise UserError(f"{text[:200]!r}: {digest[:80]!r} is not a sha256 digest; {hint}")
+    return Reference(host, repository, tag, digest or None)
+
+
+@dataclass
+class ImageFindings:
+    """What verify found for one image manifest, and what is wrong with it."""
+
+    digest: str
+    platform: str
+    image_id: str = ""
+    cell: str = ""
+    build_id: str = ""
+    lines: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def verify(registry: Registry, reference: Reference, grid: Matrix | None) -> list[ImageFindings]:
+    """Each image under `reference` (one, or one per platform of an index), with its findings."""
+    manifest = registry.manifest(reference.repository, reference.reference)
+    if manifest is None:
+        raise UserError(f"{reference}: not in {registry.host}")
+    if reference.digest and manifest.digest != reference.digest:
+        raise UserError(f"{reference}: the registry answered {manifest.digest}, not the digest asked for")
+    if manifest.media_type in INDEX_TYPES:
+        entries = json.loads(manifest.body)["manifests"]
+        images = []
+        for entry in entries:
+            platform = entry.get("platform", {})
+            child = registry.manifest(reference.repository, str(entry["digest"]))
+            if child is None:
+                raise UserError(f"{reference}: its index lists {entry['digest']}, which the registry does not serve")
+            name = f"{platform.get('os', '?')}/{platform.get('architecture', '?')}"
+            images.append(_verify_image(registry, reference.repository, child, name, grid))
+        return images
+    return [_verify_image(registry, reference.repository, manifest, "", grid)]
+
+
+def _verify_image(
+    registry: Registry, repository: str, manifest: Manifest, platform: str, grid: Matrix | None
+) -> ImageFindings:
+    if manifest.media_type not in IMAGE_TYPES:
+        raise UserError(f"{manifest.digest[:19]} is a {manifest.media_type}, not an image")
+    found = ImageFindings(manifest.digest, platform)
+    found.image_id = json.loads(manifest.body)["config"]["digest"]
+    config = json_object(registry.blob(repository, found.image_id), f"the image config of {manifest.digest[:19]}")
+    labels = config.get("config", {}).get("Labels") if isinstance(config.get("config"), dict) else None
+    labels = labels if isinstance(labels, dict) else {}
+    found.build_id = _plain(labels.get(BUILD_ID_LABEL), grammar.BUILD_ID)
+    found.cell = _plain(labels.get(CELL_LABEL), grammar.TAG)
+    cuda = labels.get(CUDA_LABEL)
+    artifacts = _artifacts(registry, repository, manifest, found)
+    _check_sbom(artifacts, found)
+    gpu_gate = _gpu_gate(grid, found.cell, cuda)
+    _check_reports([a for a in artifacts if a.artifact_type == reports.SELFTEST_TYPE], found, gpu_gate)
+    _check_build_id(artifacts, found, grid)
+    return found
+
+
+@dataclass(frozen=True)
+class Artifact:
+    artifact_type: str
+    annotations: dict[str, Any]
+    document: dict[str, Any]
+
+
+def _artifacts(registry: Registry, repository: str, subject: Manifest, found: ImageFindings) -> list[Artifact]:
+    """Every artifact attached to `subject` that names it as its subject; any other is a problem."""
+    entries = registry.referrers(repository, subject.digest)
+    if len(entries) > MAX_ARTIFACTS:
+        raise UserError(f"{subject.digest[:19]} lists {len(entries)} artifacts, more than {MAX_ARTIFACTS}")
+    artifacts = []
+    for entry in entries:
+        manifest = registry.manifest(repository, str(entry["digest"]))
+        if manifest is None:
+            found.problems.append(f"artifact {str(entry['digest'])[:19]} is listed but not served")
+            continue
+        document = json.loads(manifest.body)
+        if (document.get("subject") or {}).get("digest") != subject.digest:
+            found.problems.append(f"artifact {manifest.digest[:19]} belongs to another digest")
+            continue
+        layers = document.get("layers", [])
+        if len(layers) != 1:
+            found.problems.append(f"artifact {manifest.digest[:19]} is not one document")
+            continue
+        body = json_object(
+            registry.blob(repository, str(layers[0]["digest"]), smoke.MAX_REPORT_BYTES),
+            f"artifact {manifest.digest[:19]}",
+        )
+        annotations = document.get("annotations") if isinstance(document.get("annotations"), dict) else {}
+        artifacts.append(Artifact(str(document.get("artifactType", "")), annotations or {}, body))
+    return artifacts
+
+
+def _check_sbom(artifacts: list[Artifact], found: ImageFindings) -> None:
+    sboms = [a for a in artifacts if a.artifact_type == ARTIFACT_TYPES["sbom"]]
+    if not sboms:
+        found.problems.append("no SBOM attached")
+        return
+    components = sboms[0].document.get("components")
+    count = len(components) if isinstance(components, list) else 0
+    found.lines.append(f"SBOM: attached (CycloneDX, {count} components)")
+
+
+def _gpu_gate(grid: Matrix | None, cell_name: str, cuda: object) -> str:
+    """The cell's gate as this checkout's matrix says; without it, any CUDA image needs a GPU report."""
+    if grid is not None:
+        cell = next((c for c in grid.cells if c.name == cell_name), None)
+        if cell is not None:
+            return cell.gpu_gate
+    return "none" if cuda in (None, "cpu") else "required"
+
+
+def _check_reports(artifacts: list[Artifact], found: ImageFindings, gpu_gate: str) -> None:
+    if not artifacts:
+        found.problems.append("no self-test report attached")
+        return
+    passing_gpu = False
+    for artifact in artifacts:
+        report = artifact.document
+        why = smoke.why_not_a_pass(report, found.image_id)
+        found_checks, found_device = report.get("checks"), report.get("device")
+        checks: list[Any] = found_checks if isinstance(found_checks, list) else []
+        passed = sum(1 for c in checks if isinstance(c, dict) and c.get("status") == "pass")
+        device = found_device if isinstance(found_device, str) else "?"
+        where = f"{smoke.report_kind(report)} report on {device[:120]}"
+        if why is not None:
+            found.lines.append(f"{where}: NOT a pass ({why})")
+            found.problems.append(f"{where}: {why}")
+            continue
+        text = f"{where}: pass, {passed}/{len(checks)} checks passed"
+        if smoke.report_kind(report) == "gpu":
+            gpu_why = smoke.why_not_a_gpu_pass(report, found.image_id)
+            if gpu_why is None:
+                passing_gpu = True
+                figures = smoke.gpu_figures(report)
+                text += f"; sm {figures['capability']}, driver {figures['driver']}, " + (
+                    f"bf16 matmul {figures['matmul_bf16_fraction_of_peak']:.0%} of peak"
+                    if figures["gated"] and figures["matmul_bf16_fraction_of_peak"] is not None
+                    else "not gated (no datasheet peak for this device)"
+                )
+            else:
+                text += f"; not a GPU pass ({gpu_why})"
+                found.problems.append(f"{where}: {gpu_why}")
+        found.lines.append(text)
+    if gpu_gate == "required" and not passing_gpu:
+        found.problems.append("no passing GPU self-test, which this CUDA image's tags require")
+    elif gpu_gate == "optional" and not passing_gpu:
+        found.lines.append("GPU: not tested (the matrix makes this cell's GPU gate optional)")
+
+
+def _check_build_id(artifacts: list[Artifact], found: ImageFindings, grid: Matrix | None) -> None:
+    if not found.build_id:
+        found.problems.append(f"the image has no {BUILD_ID_LABEL} label")
+        return
+    claimed = {str(a.annotations.get(BUILD_ID_LABEL)) for a in artifacts if a.annotations.get(BUILD_ID_LABEL)}
+    if claimed - {found.build_id}:
+        found.problems.append(f"artifacts name build ID {', '.join(sorted(c[:12] for c in claimed))}, "
+                              f"the image's label {found.build_id[:12]}")  # fmt: skip
+    record = _record_build_id(grid, found.cell, found.digest)
+    if record is None:
+        found.lines.append(f"build ID {found.build_id[:12]}: as its artifacts say (no publish record here names it)")
+    elif record == found.build_id:
+        found.lines.append(f"build ID {found.build_id[:12]}: matches published/{found.cell}.json")
+    else:
+        found.problems.append(f"build ID {found.build_id[:12]} is not published/{found.cell}.json's {record[:12]}")
+
+
+def _record_build_id(grid: Matrix | None, cell: str, digest: str) -> str | None:
+    """The build ID this checkout's publish record gives the cell, when the record is of this digest."""
+    if grid is None or not cell:
+        return None
+    path = grid.path.resolve().parent / "published" / f"{cell}.json"
+    try:
+        record = json.loads(Path(path).read_bytes()[: 1 << 20])
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    found_image = record.get("image")
+    image: dict[str, Any] = found_image if isinstance(found_image, dict) else {}
+    if digest not in (record.get("digest"), image.get("digest")):
+        return None
+    build_id = record.get("build_id")
+    return build_id if isinstance(build_id, str) else None
+
+
+def _plain(value: object, grammar_: grammar.Grammar) -> str:
+    return value if isinstance(value, str) and grammar_.matches(value) else ""
