@@ -46,7 +46,9 @@ def add(register: Register) -> None:
         help="do not build a cell whose build ID (a hash of all its inputs) is already in the registry under its "
         "versioned tag; needs the registry (default: build, or find it unchanged in the engine)",
     )
-    registry_options(build_cmd, "with --skip-existing, look here instead of matrix.yaml's registry (host:port)")
+    registry_options(
+        build_cmd, "with --skip-existing, look here instead of matrix.yaml's registry: HOST[:PORT][/REPOSITORY]"
+    )
     build_cmd.add_argument("--no-cache", action="store_true", help="build every step again (default: reuse the cache)")
     build_cmd.add_argument(
         "--no-smoke", action="store_true", help="skip the self-test (then the image cannot be published)"

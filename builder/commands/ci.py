@@ -11,6 +11,7 @@ from builder.commands.common import (
     Register,
     console,
     grid_of,
+    registry_option,
 )
 from builder.render import ci
 
@@ -22,12 +23,26 @@ def add(register: Register) -> None:
         NEEDS_NOTHING + " Reads the plan; the jobs run the same nox sessions a user runs.",
     )
     ci_cmd.add_argument("system", choices=ci.SYSTEMS, help="github (Actions) or gitlab (GitLab CI)")
+    ci_cmd.add_argument(
+        "cells",
+        nargs="*",
+        help="the cells to make jobs of (default: every cell whose wheels come from an index; one that reads a "
+        "local folder, such as the CPU cells' TORCH_WHEEL_DIR, is a job only when named)",
+    )
+    ci_cmd.add_argument(
+        "--registry",
+        type=registry_option,
+        metavar="REF",
+        help="publish there: REGISTRY[/REPOSITORY], such as harbor.example.com/ml/torch (login: secrets "
+        "REGISTRY_USER and REGISTRY_PASSWORD; ghcr.io uses the workflow's GITHUB_TOKEN). Default: GHCR under the "
+        "repository's owner (github), the project's own registry (gitlab)",
+    )
     ci_cmd.add_argument("--output", metavar="FILE", help="write the workflow there (default: standard output)")
     ci_cmd.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    text = ci.workflow(grid_of(args), args.system)
+    text = ci.workflow(grid_of(args), args.system, args.registry, args.cells)
     if args.output:
         Path(args.output).write_text(text)
         console.print(f"wrote {args.output}")

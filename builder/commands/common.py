@@ -79,8 +79,8 @@ def registry_options(command: argparse.ArgumentParser, registry_help: str) -> No
 
 
 def registry_option(value: str) -> str:
-    if not grammar.REGISTRY.matches(value):
-        raise argparse.ArgumentTypeError(f"{value!r} is not a registry: write {grammar.REGISTRY.hint}")
+    if not grammar.REGISTRY_REF.matches(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a registry: write {grammar.REGISTRY_REF.hint}")
     return value
 
 
@@ -91,9 +91,11 @@ def existing_file(value: str) -> Path:
 
 
 def use_registry_option(grid: matrix.Matrix, args: argparse.Namespace) -> None:
-    """--registry, where given, in place of matrix.yaml's registry."""
+    """--registry REGISTRY[/REPOSITORY], where given, in place of matrix.yaml's registry (and
+    repository, where it names one: CI publishes to ghcr.io/<owner>/torch)."""
     if args.registry:
-        grid.spec = grid.spec.model_copy(update={"registry": args.registry})
+        host, _, repository = args.registry.partition("/")
+        grid.spec = grid.spec.model_copy(update={"registry": host, "repository": repository or grid.spec.repository})
 
 
 def registry_of(grid: matrix.Matrix, args: argparse.Namespace) -> Registry:

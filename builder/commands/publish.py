@@ -28,7 +28,7 @@ def add(register: Register) -> None:
     )
     publish_cmd.add_argument("cells", nargs="*", help="cells to publish (default: the flagship)")
     publish_cmd.add_argument("--all", action="store_true", help="every buildable cell")
-    registry_options(publish_cmd, "push here instead of matrix.yaml's registry (host:port)")
+    registry_options(publish_cmd, "push here instead of matrix.yaml's registry: HOST[:PORT][/REPOSITORY]")
     stages = publish_cmd.add_mutually_exclusive_group()
     stages.add_argument(
         "--stage",

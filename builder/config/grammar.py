@@ -43,6 +43,11 @@ REPOSITORY = Grammar(
     r"[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*(/[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*)*",
     'a repository path such as "torch" or "ml/torch" (lower case, digits, separators . _ - /)',
 )
+# Where CI publishes: a registry host, optionally with the repository path under it.
+REGISTRY_REF = Grammar(
+    f"({REGISTRY.pattern})(/{REPOSITORY.pattern})?",
+    'a registry, optionally with a repository: "ghcr.io/acme/torch", "harbor.example.com/ml/torch" or "127.0.0.1:5000"',
+)
 TAG = Grammar(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}", "at most 128 of A-Z a-z 0-9 _ . - (not starting with . or -)")
 # A CI runner label (GitHub's runs-on, GitLab's tags): plain name characters, nothing a workflow
 # or a shell reads as syntax.

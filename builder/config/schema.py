@@ -134,6 +134,9 @@ class CiSpec(Strict):
     # labels of runners with NVIDIA GPUs: a list for x86-64 ones, or one list per architecture
     gpu_runner: list[RunnerLabel] | dict[Arch, list[RunnerLabel]] = {}
     gpu_optional: list[Selector] = []
+    # cells that are not jobs unless `ci` names them: their inputs are on no CI runner (wheels
+    # from a folder of the build machine, say)
+    exclude: list[Selector] = []
 
     def gpu_runner_for(self, arch: str) -> list[str]:
         if isinstance(self.gpu_runner, list):
@@ -195,6 +198,7 @@ def _check_references(spec: MatrixSpec, source: SourceMap) -> None:
     groups += [(("exclude", i), s) for i, s in enumerate(spec.exclude)]
     groups += [(("aliases", i, "where"), a.where) for i, a in enumerate(spec.aliases)]
     groups += [(("ci", "gpu_optional", i), s) for i, s in enumerate(spec.ci.gpu_optional)]
+    groups += [(("ci", "exclude", i), s) for i, s in enumerate(spec.ci.exclude)]
     for where, selector in groups:
         check((*where, "base"), "base", selector.base, list(spec.bases))
         check((*where, "flavor"), "flavor", selector.flavor, known_flavors)

@@ -14,6 +14,7 @@ archive ourselves keeps the image ID a function of the root filesystem alone.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -26,7 +27,7 @@ import docker.errors
 
 from builder import digests, downloads, paths
 from builder.config.schema import KeyringSpec
-from builder.engine import archive, emulation
+from builder.engine import archive, emulation, privilege
 from builder.errors import UserError
 from builder.plan.cell import BaseImage
 
@@ -83,14 +84,30 @@ def bootstrap_locked(
     mirror), and load it as locked_tag; returns that tag. Two machines with the same lock get
     the same image."""
     tag = locked_tag(base, packages.key)
+    cached = cached_rootfs(tag)
+    if cached.is_file():
+        report(f"loading {tag} from the cache ({cached})")
+        _load_rootfs(engine, base, epoch, cached, tag)
+        return tag
     with tempfile.TemporaryDirectory(prefix="torch-images-base-") as scratch:
         rootfs = Path(scratch, "rootfs.tar")
         emulation.ensure(base.arch, report)
         report(f"bootstrapping {base.distro} {base.suite} ({base.arch}) from its {len(packages.names)} locked packages")
         _run_locked_bootstrap(base, packages, epoch, rootfs)
         _load_rootfs(engine, base, epoch, rootfs, tag)
+        partial = cached.with_suffix(".partial")
+        shutil.copyfile(rootfs, partial)
+        partial.replace(cached)
     report(f"loaded {tag}")
     return tag
+
+
+def cached_rootfs(tag: str) -> Path:
+    """Where a locked base's root filesystem is kept between runs (CI restores the cache, keyed by
+    the locks), so that an engine without the base loads it instead of bootstrapping it again.
+    The tag names the package set; a rootfs changed in the cache gives another image ID, which a
+    cell's recorded image-id catches."""
+    return paths.cache_dir("bases") / (re.sub(r"[^A-Za-z0-9._-]", "_", tag) + ".tar")
 
 
 MMDEBSTRAP_HOOKS = Path("/usr/share/mmdebstrap/hooks")
@@ -130,18 +147,31 @@ def _run_locked_bootstrap(base: BaseImage, packages: LockedPackages, epoch: int,
     dpkg = [f"--dpkgopt={line}" for line in packages.dpkg]
     forget_dpkgopt = 'rm -f "$1/etc/dpkg/dpkg.cfg.d/99mmdebstrap"'
     command = [
-        "mmdebstrap", f"--variant={base.variant}", f"--mode={'root' if os.geteuid() == 0 else 'unshare'}",
+        "mmdebstrap", f"--variant={base.variant}", f"--mode={mode_for_bootstrap()}",
         "--format=tar", f"--include={','.join(packages.names)}", *extra, *hook_options(base), *dpkg,
         f"--customize-hook={own_sources}", f"--customize-hook={own_keys}", f"--customize-hook={forget_dpkgopt}",
         "--quiet",
         base.suite, str(rootfs), packages.sources_line,
     ]  # fmt: skip
-    result = subprocess.run(
-        command, env={**os.environ, "SOURCE_DATE_EPOCH": str(epoch)}, capture_output=True, text=True, check=False
-    )
+    result = run_bootstrap_tool(command, epoch)
     if result.returncode != 0:
         tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
         raise UserError(f"bootstrap of {base.suite} from its locked packages failed: {tail[0]}")
+
+
+def mode_for_bootstrap() -> str:
+    """mmdebstrap's root mode as root or through passwordless sudo (see privilege.py: user
+    namespaces are refused on GitHub's ubuntu-24.04 runners); unshare mode otherwise."""
+    return "root" if privilege.root_prefix() is not None else "unshare"
+
+
+def run_bootstrap_tool(command: list[str], epoch: int) -> subprocess.CompletedProcess[str]:
+    """The bootstrap tool with SOURCE_DATE_EPOCH set, as root where root mode was chosen."""
+    environment = {"SOURCE_DATE_EPOCH": str(epoch)}
+    privileged = privilege.as_root(command, environment) if "--mode=root" in command else None
+    if privileged is not None:
+        return subprocess.run(privileged, capture_output=True, text=True, check=False)
+    return subprocess.run(command, env={**os.environ, **environment}, capture_output=True, text=True, check=False)
 
 
 def _load_rootfs(engine: docker.DockerClient, base: BaseImage, epoch: int, rootfs: Path, tag: str) -> str:
@@ -194,7 +224,7 @@ def _run_bootstrap(base: BaseImage, epoch: int, rootfs: Path, scratch: Path) -> 
         scratch.chmod(0o755)
         extra.append(f"--keyring={keyring_file(base.keyring, scratch)}")
     if base.bootstrap_tool == "mmdebstrap":
-        mode = "root" if os.geteuid() == 0 else "unshare"
+        mode = mode_for_bootstrap()
         # One sources line per suite when there are several; the image's apt keeps them.
         suites = [base.suite, *base.extra_suites]
         sources = [f"deb {base.mirror} {suite} {' '.join(base.components)}" for suite in suites]
@@ -203,7 +233,7 @@ def _run_bootstrap(base: BaseImage, epoch: int, rootfs: Path, scratch: Path) -> 
             *extra, *hook_options(base), "--quiet", base.suite, str(rootfs),
             *(sources if base.extra_suites else [base.mirror]),
         ]  # fmt: skip
-        result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        result = run_bootstrap_tool(command, epoch)
     else:
         if base.extra_suites or base.hooks:
             raise UserError(f"base {base.name}: extra_suites and hooks need mmdebstrap (debootstrap has neither)")

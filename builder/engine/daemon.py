@@ -11,6 +11,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from builder.engine import privilege
 from builder.errors import UserError
 
 DOCKERD_LOG = Path("/var/log/torch-images-dockerd.log")
@@ -58,22 +59,25 @@ def missing_packages(test_tools: bool) -> list[str]:
 
 
 def can_apt_install() -> bool:
-    return os.geteuid() == 0 and shutil.which("apt-get") is not None
+    """As root, or through passwordless sudo (a CI runner), on a machine with apt."""
+    return privilege.root_prefix() is not None and shutil.which("apt-get") is not None
 
 
 def apt_install(packages: list[str]) -> None:
     """Install Debian packages on the host (root, apt), without recommends."""
-    subprocess.run(["apt-get", "update", "-q"], check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(
-        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages],
-        check=True,
-        stdout=subprocess.DEVNULL,
-        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+    update = privilege.as_root(["apt-get", "update", "-q"])
+    install = privilege.as_root(
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages], {"DEBIAN_FRONTEND": "noninteractive"}
     )
+    if update is None or install is None:
+        raise UserError(f"installing {', '.join(packages)} needs root or passwordless sudo")
+    subprocess.run(update, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(install, check=True, stdout=subprocess.DEVNULL)
 
 
 def ensure_running(install: bool, test_tools: bool = False) -> str:
-    """Install what a fresh host lacks (with install, as root, with apt) and start dockerd if none answers.
+    """Install what a fresh host lacks (with install, as root or through passwordless sudo, with
+    apt) and start dockerd if none answers.
 
     Installs Debian's docker.io and mmdebstrap when missing (with test_tools also
     docker-registry, apache2-utils and openssl), and starts dockerd in the background, logging
@@ -83,9 +87,13 @@ def ensure_running(install: bool, test_tools: bool = False) -> str:
     missing = missing_packages(test_tools)
     if missing and install and can_apt_install():
         apt_install(missing)
-        did.append(f"installed {', '.join(missing)} with apt-get")
+        how = "apt-get" if os.geteuid() == 0 else "sudo apt-get"
+        did.append(f"installed {', '.join(missing)} with {how}")
     elif missing:
-        did.append(f"missing {', '.join(missing)} (install them with apt-get, or run this as root with --install)")
+        did.append(
+            f"missing {', '.join(missing)} (install them with apt-get, or run this with --install as root "
+            "or with passwordless sudo)"
+        )
     if answers():
         return "; ".join([*did, "a Docker engine answers"])
     if os.geteuid() != 0:

@@ -208,7 +208,7 @@ def _named(cell: Cell, spec: MatrixSpec) -> Cell:
 def _gpu_gate(cell: Cell, spec: MatrixSpec) -> str:
     if not cell.is_cuda:
         return "none"
-    return "optional" if any(_matches(selector, cell) for selector in spec.ci.gpu_optional) else "required"
+    return "optional" if selected(spec.ci.gpu_optional, cell) else "required"
 
 
 def _cell_values(cell: Cell) -> dict[str, str | None]:
@@ -223,6 +223,11 @@ def _cell_values(cell: Cell) -> dict[str, str | None]:
         "trtllm": cell.trtllm,
         "platform": cell.platform,
     }
+
+
+def selected(selectors: list[Selector], cell: Cell) -> bool:
+    """Whether any of the selectors (each a set of field values, as `where:` writes them) picks the cell."""
+    return any(_matches(selector, cell) for selector in selectors)
 
 
 def _matches(selector: Selector, values: Cell | dict[str, str | None]) -> bool:

@@ -1,49 +1,109 @@
-"""`python -m builder ci github|gitlab`: the CI workflow that fans the matrix out, one job per
-buildable cell, then one promote job (templates/ci/). Like the Dockerfiles, every value the
-templates receive is validated: cell names, the registry and the matrix's path."""
+"""`python -m builder ci github|gitlab`: the CI workflow that fans the matrix out: one job per
+cell (install, build, self-test, stage), a GPU stage per CUDA cell on the matrix's GPU runners,
+then one promote job (templates/ci/). Like the Dockerfiles, every value the templates receive is
+validated: cell names, runner labels, the registry and the matrix's path."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from builder.config import grammar
 from builder.config.schema import DEFAULT_MATRIX
 from builder.errors import UserError
-from builder.plan.matrix import Matrix
+from builder.plan.cell import Cell
+from builder.plan.matrix import Matrix, selected
 from builder.render import render
 
 SYSTEMS = ("github", "gitlab")
 # GitHub's hosted runner per platform: arm64 cells build natively on GitHub's arm64 runners.
 RUNNERS = {"linux/amd64": "ubuntu-24.04", "linux/arm64": "ubuntu-24.04-arm"}
 CELL_TIMEOUT_MINUTES = 150  # a CUDA cell: about 3 GB of wheels, a 6 GB image, normalization and the self-test
+GPU_TIMEOUT_MINUTES = 60  # a pull of about 3 GB and the self-test on the GPU
+# Where the builder keeps wheels, .debs and bootstrapped bases (TORCH_IMAGES_CACHE): the CI cache.
+CACHE_DIR = ".cache/torch-images"
 
 
-def workflow(grid: Matrix, system: str) -> str:
+@dataclass(frozen=True)
+class Target:
+    """Where the workflow publishes, and how its jobs log in there."""
+
+    image: str  # REGISTRY/REPOSITORY, or a shell expression the job expands ($CI_REGISTRY_IMAGE/torch)
+    login: str  # "ghcr" (GITHUB_TOKEN), "gitlab" (the job token), "secrets" (REGISTRY_USER/REGISTRY_PASSWORD)
+    host: str  # the registry's host, for docker login
+
+
+def target(grid: Matrix, system: str, registry: str | None) -> Target:
+    """`--registry REGISTRY[/REPOSITORY]` where given; else the CI system's own registry: GHCR under
+    the repository's owner, or the GitLab project's registry."""
+    if registry is not None:
+        host, _, repository = registry.partition("/")
+        image = f"{host}/{repository or grid.spec.repository}"
+        return Target(image, "ghcr" if host == "ghcr.io" and system == "github" else "secrets", host)
+    if system == "github":
+        return Target(f"ghcr.io/${{OWNER}}/{grid.spec.repository}", "ghcr", "ghcr.io")
+    return Target(f"$CI_REGISTRY_IMAGE/{grid.spec.repository}", "gitlab", "$CI_REGISTRY")
+
+
+def left_out(grid: Matrix, cell: Cell) -> bool:
+    """A cell the matrix's ci.exclude selects: its inputs are on no runner (the CPU cells' wheels
+    come from a folder of the build machine), so it is a job only when `ci` names it."""
+    return selected(grid.spec.ci.exclude, cell)
+
+
+def workflow(grid: Matrix, system: str, registry: str | None = None, names: list[str] | None = None) -> str:
     if system not in SYSTEMS:
         raise UserError(f"no CI system {system!r}: write one of {', '.join(SYSTEMS)}")
+    if registry is not None and not grammar.REGISTRY_REF.matches(registry):
+        raise UserError(f"--registry {registry!r}: write {grammar.REGISTRY_REF.hint}")
     matrix_file = _relative(grid.path)
-    cells = [cell.name for cell in grid.cells]
-    for name in cells:  # cell names are made of validated fields; say so here too
-        if not grammar.TAG.matches(name):
-            raise UserError(f"cell name {name!r} cannot go into a workflow: write {grammar.TAG.hint}")
-    jobs = [{"cell": cell.name, "runner": RUNNERS[cell.platform]} for cell in grid.cells]
+    chosen = grid.select(names) if names else [c for c in grid.cells if not left_out(grid, c)]
+    if not chosen:
+        raise UserError("ci.exclude leaves no cell to make a job of: name the cells (`ci github CELL ...`)", grid.path)
+    not_jobs = [c for c in grid.cells if c not in chosen]
+    for cell in grid.cells:  # cell names are made of validated fields; say so here too
+        if not grammar.TAG.matches(cell.name):
+            raise UserError(f"cell name {cell.name!r} cannot go into a workflow: write {grammar.TAG.hint}")
     by_arch: dict[str, list[str]] = {}
-    for cell in grid.cells:
+    for cell in chosen:
         by_arch.setdefault(cell.arch, []).append(cell.name)
     values = {
         "matrix_file": matrix_file,
         "matrix_option": "" if matrix_file == str(DEFAULT_MATRIX) else f"--matrix {matrix_file} ",
         "images_dir": _relative(grid.images_dir),
-        "registry": grid.spec.registry,
-        "cells": cells,
-        "jobs": jobs,
+        "target": target(grid, system, registry),
+        "repository": grid.spec.repository,
+        "jobs": [{"cell": cell.name, "runner": RUNNERS[cell.platform]} for cell in chosen],
+        "left_out": [c.name for c in not_jobs],
+        "gpu_jobs": gpu_jobs(grid, chosen),
         "by_arch": by_arch,
         "runner": RUNNERS["linux/amd64"],
         "timeout_minutes": CELL_TIMEOUT_MINUTES,
+        "gpu_timeout_minutes": GPU_TIMEOUT_MINUTES,
+        "cache_dir": CACHE_DIR,
     }
     render.check_values(values, "ci")
     return render.environment().get_template(f"ci/{system}.yml.j2").render(values)
+
+
+def gpu_jobs(grid: Matrix, cells: list[Cell]) -> list[dict[str, object]]:
+    """The GPU stage: one job per CUDA cell on a runner with the matrix's labels for its
+    architecture. A cell whose gate is required and which no runner can test is refused here:
+    its tags could never be promoted."""
+    jobs: list[dict[str, object]] = []
+    for cell in (c for c in cells if c.gpu_gate != "none"):
+        labels = grid.spec.ci.gpu_runner_for(cell.arch)
+        if not labels and cell.gpu_gate == "required":
+            raise UserError(
+                f"{cell.name} needs a passing GPU self-test before its tags move, and ci.gpu_runner names no "
+                f"{cell.arch} runner: add its labels (ci: {{gpu_runner: {{{cell.arch}: [self-hosted, gpu]}}}}), "
+                "or list the cell under ci.gpu_optional",
+                grid.path,
+            )
+        if labels:
+            jobs.append({"cell": cell.name, "runner": labels, "optional": cell.gpu_gate == "optional"})
+    return jobs
 
 
 def _relative(path: Path) -> str:

@@ -5,14 +5,16 @@ from __future__ import annotations
 import functools
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from builder import cli
 from builder.assemble import build, smoke, wheelhouse
 from builder.errors import UserError
 from builder.plan.matrix import Matrix
-from builder.publish import existing, loopback, publish, staging
+from builder.publish import existing, loopback, publish, reports, staging
 from builder.publish.registry import Manifest, Registry
 from tests import registry_fixtures
 from tests.integration.conftest import BuiltCell, RunningRegistry
@@ -303,7 +305,7 @@ def test_ci_stages_each_cell_then_promotes_from_the_registry_alone(
     failing = json.dumps({**smoke_result.report, "status": "fail"}).encode()
     api.push_artifact("torch", "bad.selftest", failing, publish.ARTIFACT_TYPES["selftest"], {}, other)
     api.push_artifact("torch", "bad.sbom", b"{}", publish.ARTIFACT_TYPES["sbom"], {}, other)
-    with pytest.raises(UserError, match="the attached self-test report is not a pass for image"):
+    with pytest.raises(UserError, match=r"no passing self-test report for image .*status is not pass"):
         staging.promote(api, grid, [built.cell], "bad", say, records, readme)
     assert api.manifest("torch", built.cell.tag) is None
     # The review's case: a report of the right image saying pass, with no checks at all.
@@ -335,6 +337,74 @@ def test_ci_stages_each_cell_then_promotes_from_the_registry_alone(
         local.tag(*built.reference.split(":", 1))
     assert again.digest == staged.digest
     assert api.manifest("torch", staging.staging_tag(built.grid, built.cell, "r3")).digest == staged.digest  # type: ignore[union-attr]
+
+
+def test_reports_sit_side_by_side_a_cpu_report_cannot_pass_a_gpu_gate_and_verify_says_what_is_attached(
+    built: BuiltCell,
+    smoke_result: smoke.SmokeResult,
+    start_registry,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],  # type: ignore[no-untyped-def]
+) -> None:
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "no-docker-config"))
+    running = start_registry()
+    grid, api, say = _grid_for(built, running), running.api(), lambda _: None
+    records, readme = tmp_path / "records", tmp_path / "README.md"
+    readme.write_text(f"# x\n{publish.TABLE_START}\n{publish.TABLE_END}\n")
+    [staged] = staging.stage(built.client, api, grid, [built.cell], "g1", say)
+    tag = staging.staging_tag(built.grid, built.cell, "g1")
+    subject = api.manifest("torch", tag)
+    assert subject is not None
+
+    # A second machine's report joins the first on the digest; neither replaces the other.
+    second = {**smoke_result.report, "host": "another-runner"}
+    reports.attach(api, "torch", subject, tag, second, staged.build_id, built.cell.tag)
+    attached = reports.attached(api, "torch", staged.digest)
+    assert sorted(r["host"] for r in attached) == sorted([smoke_result.report["host"], "another-runner"])
+
+    # The cell's tags made to wait for a GPU: its real (CPU) reports cannot open that gate.
+    gated = replace(built.cell, gpu_gate="required")
+    with pytest.raises(UserError, match=r"no passing GPU self-test .* ran on cpu, not on a CUDA device"):
+        staging.promote(api, grid, [gated], "g1", say, records, readme)
+    assert api.manifest("torch", built.cell.tag) is None
+    optional = replace(built.cell, gpu_gate="optional")  # optional: untested may go, and says so
+    [promoted] = staging.promote(api, grid, [optional], "g1", say, records, readme)
+    assert json.loads((records / f"{built.cell.name}.json").read_text())["gpu"] == {
+        "status": "not tested", "gate": "optional"
+    }  # fmt: skip
+    assert "GPU: not tested" in readme.read_text()
+
+    # verify, with no engine: the SBOM, both reports, and the build ID against the record.
+    monkeypatch.chdir(tmp_path)
+    reference = f"{running.host}/torch:{built.cell.tag}"
+    assert cli.main(["--matrix", str(grid.path), "verify", reference]) == 0
+    out = capsys.readouterr().out
+    assert f"-> {promoted.digest}" in out and "SBOM: attached" in out
+    assert out.count("cpu report on cpu: pass") == 2 and "PROBLEM" not in out
+
+    # A report of another image attached to this digest, and an artifact of another digest
+    # listed among its referrers, are both named and fail verify.
+    foreign = {**smoke_result.report, "image_id": "sha256:" + "d" * 64}
+    reports.attach(api, "torch", subject, tag, {**foreign, "host": "x"}, staged.build_id, built.cell.tag)
+    stray = Manifest.of(
+        json.dumps({**json.loads(subject.body), "annotations": {"a": "b"}}).encode(), subject.media_type
+    )
+    api.put_manifest("torch", "stray", stray)
+    elsewhere = api.push_artifact("torch", "stray.sbom", b"{}", publish.ARTIFACT_TYPES["sbom"], {}, stray)
+    index = api.manifest("torch", api.referrers_tag(subject.digest))
+    assert index is not None
+    listed = json.loads(index.body)
+    listed["manifests"].append(
+        {**listed["manifests"][0], "digest": elsewhere, "size": len(api.manifest("torch", elsewhere).body)}
+    )  # type: ignore[union-attr]
+    api.put_manifest(
+        "torch", api.referrers_tag(subject.digest), Manifest.of(json.dumps(listed).encode(), index.media_type)
+    )
+    assert cli.main(["--matrix", str(grid.path), "verify", reference]) == 1
+    out = capsys.readouterr().out
+    assert "the report is for another image (dddddddddddd)" in out
+    assert f"artifact {elsewhere[:19]} belongs to another digest" in out
 
 
 def test_a_connection_cut_mid_push_is_retried_and_nothing_is_half_published(

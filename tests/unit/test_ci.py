@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
 
+from builder.config.schema import CiSpec, Selector
+from builder.errors import UserError
+from builder.plan import matrix as matrix_module
 from builder.plan.matrix import load_matrix
 from builder.render import ci
 
@@ -40,30 +44,103 @@ def test_the_workflow_is_valid_for_its_ci_system_and_a_broken_one_is_not(system:
     assert broken != text and _validate(system, broken, tmp_path).returncode != 0
 
 
-def test_every_buildable_cell_is_a_job_and_promotion_waits_for_them_all(grid) -> None:  # type: ignore[no-untyped-def]
+def test_cells_from_an_index_are_jobs_and_a_cell_of_local_wheels_only_when_named(grid) -> None:  # type: ignore[no-untyped-def]
     github = yaml.safe_load(ci.workflow(grid, "github"))
     jobs = github["jobs"]["cell"]["strategy"]["matrix"]["include"]
-    assert [job["cell"] for job in jobs] == [c.name for c in grid.cells]
+    local = [c.name for c in grid.cells if ci.left_out(grid, c)]
+    assert local == ["2.13.0-cpu-bookworm-runtime", "2.13.0-cpu-bookworm-devel"]  # TORCH_WHEEL_DIR: no runner has it
+    assert [job["cell"] for job in jobs] == [c.name for c in grid.cells if c.name not in local]
     # each cell on a runner of its platform: arm64 cells build natively, not under emulation
-    runners = {c.name: ci.RUNNERS[c.platform] for c in grid.cells}
-    assert {job["cell"]: job["runner"] for job in jobs} == runners
-    assert "ubuntu-24.04-arm" in runners.values() and github["jobs"]["cell"]["runs-on"] == "${{ matrix.runner }}"
+    assert {job["cell"]: job["runner"] for job in jobs} == {
+        j["cell"]: ci.RUNNERS[grid.cell(j["cell"]).platform] for j in jobs
+    }
+    assert "ubuntu-24.04-arm" in {job["runner"] for job in jobs}
     assert github["jobs"]["cell"]["strategy"]["fail-fast"] is False
-    assert github["jobs"]["promote"]["needs"] == "cell"
-    steps = [step.get("run", "") for step in github["jobs"]["cell"]["steps"]]
-    assert any(run.startswith("./nox -s build -- --skip-existing") for run in steps)  # the session a user runs
-    assert any("--stage --run ${{ github.run_id }}" in run for run in steps)
-    promote = " ".join(step.get("run", "") for step in github["jobs"]["promote"]["steps"])
-    assert "--promote --run ${{ github.run_id }} --all" in promote
+    # promote names exactly the cells that are jobs (`--all` would wait for the left-out ones)
+    promote = github["jobs"]["promote"]["steps"][-1]["run"].split()
+    assert promote[promote.index("--run") + 4 :] == [job["cell"] for job in jobs]  # after "${{ github.run_id }}"
+    named = yaml.safe_load(ci.workflow(grid, "github", names=local))
+    assert [job["cell"] for job in named["jobs"]["cell"]["strategy"]["matrix"]["include"]] == local
+    assert "gpu" not in named["jobs"] and named["jobs"]["promote"]["needs"] == "cell"  # CPU cells: no GPU stage
+
+
+def test_every_cell_job_installs_what_it_needs_caches_by_its_locks_and_builds_with_the_users_session(grid) -> None:  # type: ignore[no-untyped-def]
+    steps = yaml.safe_load(ci.workflow(grid, "github"))["jobs"]["cell"]["steps"]
+    runs = [step.get("run", "") for step in steps]
+    install, build = (
+        runs.index("./nox -s engine"),
+        next(i for i, r in enumerate(runs) if r.startswith("./nox -s build")),
+    )
+    assert install < build  # mmdebstrap (through sudo) before the build that bootstraps with it
+    assert runs[build] == './nox -s build -- --registry "$IMAGE" --skip-existing ${{ matrix.cell }}'
+    assert any("--stage --run ${{ github.run_id }} ${{ matrix.cell }}" in run for run in runs)
+    assert not any("docker image prune" in run for run in runs)  # a runner's engine is not emptied
+    cache = next(step for step in steps if step.get("uses", "").startswith("actions/cache@"))
+    assert cache["with"]["path"] == "~/.cache/torch-images"
+    assert (
+        cache["with"]["key"]
+        == "torch-images-${{ matrix.cell }}-${{ hashFiles(format('images/{0}/*.lock', matrix.cell)) }}"
+    )
+    assert steps.index(cache) < build
+
+
+def test_each_cuda_cell_has_a_gpu_job_on_its_architectures_runner_and_promote_waits_for_them(grid) -> None:  # type: ignore[no-untyped-def]
+    github = yaml.safe_load(ci.workflow(grid, "github"))
+    gpu = github["jobs"]["gpu"]
+    entries = {entry["cell"]: entry for entry in gpu["strategy"]["matrix"]["include"]}
+    assert set(entries) == {c.name for c in grid.cells if c.is_cuda}
+    assert entries["2.15.0-cu13.2-bookworm-runtime"]["runner"] == ["self-hosted", "linux", "x64", "gpu"]
+    assert entries["2.15.0-cu13.2-bookworm-runtime-arm64"]["runner"] == ["self-hosted", "linux", "arm64", "gpu"]
+    assert gpu["needs"] == "cell" and gpu["runs-on"] == "${{ matrix.runner }}"
+    assert gpu["steps"][-1]["run"].endswith("--gpu-test --run ${{ github.run_id }} ${{ matrix.cell }}")
+    assert github["jobs"]["promote"]["needs"] == ["cell", "gpu"]
     gitlab = yaml.safe_load(ci.workflow(grid, "gitlab"))
-    by_arch = {entry["ARCH"]: entry["CELL"] for entry in gitlab["cell"]["parallel"]["matrix"]}
-    assert by_arch == {arch: [c.name for c in grid.cells if c.arch == arch] for arch in ("amd64", "arm64")}
-    assert gitlab["cell"]["tags"] == ["torch-images-$ARCH"]
-    assert gitlab["promote"]["needs"] == ["cell"] and gitlab["promote"]["stage"] == "promote"
+    job = gitlab["gpu 2.15.0-cu13.2-bookworm-runtime-arm64"]
+    assert job["tags"] == ["self-hosted", "linux", "arm64", "gpu"] and job["stage"] == "gpu"
+    assert "gpu 2.15.0-cu13.2-bookworm-runtime-arm64" in gitlab["promote"]["needs"]
+
+
+def test_a_required_gpu_gate_without_a_runner_is_refused_and_an_optional_one_does_not_hold_the_run(grid) -> None:  # type: ignore[no-untyped-def]
+    grid.spec = grid.spec.model_copy(update={"ci": CiSpec(gpu_runner=["gpu"])})  # x86-64 runners only
+    with pytest.raises(UserError, match=r"2\.15\.0-cu13\.2-bookworm-runtime-arm64 needs a passing GPU self-test"):
+        ci.workflow(grid, "github")
+    grid.spec = grid.spec.model_copy(
+        update={"ci": CiSpec(gpu_runner=["gpu"], gpu_optional=[Selector(platform="linux/arm64")])}
+    )
+    grid.cells = [replace(c, gpu_gate=matrix_module._gpu_gate(c, grid.spec)) for c in grid.cells]
+    github = yaml.safe_load(ci.workflow(grid, "github"))
+    entries = {e["cell"]: e for e in github["jobs"]["gpu"]["strategy"]["matrix"]["include"]}
+    assert "2.15.0-cu13.2-bookworm-runtime-arm64" not in entries  # no arm64 GPU runner, and its gate is optional
+    assert all(e["optional"] is False and e["runner"] == ["gpu"] for e in entries.values())
+    assert github["jobs"]["gpu"]["continue-on-error"] == "${{ matrix.optional }}"
+
+
+def test_the_registry_is_ghcr_or_gitlabs_own_by_default_and_another_logs_in_with_secrets(grid) -> None:  # type: ignore[no-untyped-def]
+    github = ci.workflow(grid, "github")
+    assert 'echo "IMAGE=ghcr.io/${GITHUB_REPOSITORY_OWNER,,}/torch"' in github
+    parsed = yaml.safe_load(github)
+    assert parsed["permissions"] == {"contents": "read", "packages": "write"}
+    login = next(s for s in parsed["jobs"]["cell"]["steps"] if "docker login" in s.get("run", ""))
+    assert login["env"]["TOKEN"] == "${{ secrets.GITHUB_TOKEN }}"
+    harbor = yaml.safe_load(ci.workflow(grid, "github", registry="harbor.example.com/ml/torch"))
+    steps = harbor["jobs"]["promote"]["steps"]
+    assert any('IMAGE=harbor.example.com/ml/torch"' in s.get("run", "") for s in steps)
+    assert (
+        next(s for s in steps if "docker login" in s.get("run", ""))["env"]["PASSWORD"]
+        == "${{ secrets.REGISTRY_PASSWORD }}"
+    )
+    gitlab = yaml.safe_load(ci.workflow(grid, "gitlab"))
+    assert gitlab["variables"]["IMAGE"] == "$CI_REGISTRY_IMAGE/torch"
+    assert gitlab[".login"] == [
+        'echo "$CI_REGISTRY_PASSWORD" | docker login "$CI_REGISTRY" --username "$CI_REGISTRY_USER" --password-stdin'
+    ]
+    for hostile in ("ghcr.io/acme/torch\nrun: x", "Ghcr.io/Acme", "ghcr.io/../x", "$(id)"):
+        with pytest.raises(UserError, match="--registry"):
+            ci.workflow(grid, "github", registry=hostile)
 
 
 def test_another_matrix_is_named_in_every_command(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
     text = ci.workflow(load_matrix(Path("examples/trtllm.yaml")), "github")
-    commands = [line for line in text.splitlines() if "./nox -s" in line]
+    commands = [line for line in text.splitlines() if "./nox -s build" in line or "./nox -s publish" in line]
     assert commands and all("--matrix examples/trtllm.yaml " in line for line in commands)

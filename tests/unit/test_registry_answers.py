@@ -431,8 +431,13 @@ def test_report_text_reaches_the_readme_as_inert_text(tmp_path: Path) -> None:
             "checks": "<img src=x>",
             "device": "cpu\n| injected | row |",
         },
-        "gpu": {"status": "pass", "device": "H200 | <i>x</i>", "capability": "`9.0", "driver": "[d](x)",
-                "matmul_bf16_fraction_of_peak": 0.8},
+        "gpu": {
+            "status": "pass",
+            "device": "H200 | <i>x</i>",
+            "capability": "`9.0",
+            "driver": "[d](x)",
+            "matmul_bf16_fraction_of_peak": 0.8,
+        },
     }
     (records / "a.json").write_text(json.dumps(hostile))
     readme = tmp_path / "README.md"

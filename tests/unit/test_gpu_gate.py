@@ -1,0 +1,134 @@
+"""The GPU gate over the reports a digest carries (builder/publish/reports.py, assemble/smoke.py).
+
+The GPU reports here are made up, as unit-test fakes: the shape the self-test writes on a CUDA
+device (image/selftest.py's accelerator()), never a claim that any device ran anything. The
+integration tests gate real reports from a real registry."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from builder.assemble import smoke
+from builder.publish import publish, reports
+
+IMAGE_ID = "sha256:" + "c" * 64
+OTHER_IMAGE = "sha256:" + "d" * 64
+
+
+def cpu_report(image_id: str = IMAGE_ID) -> dict[str, Any]:
+    checks = [
+        {"check": name, "status": "skip" if name in ("cuda-runtime", "triton", "tensorrt-llm") else "pass",
+         "metrics": {}}
+        for name in smoke.expected_checks()
+    ]  # fmt: skip
+    return {"status": "pass", "image_id": image_id, "device": "cpu", "accelerator": {"kind": "cpu"},
+            "checks": checks, "failed": []}  # fmt: skip
+
+
+def gpu_report(image_id: str = IMAGE_ID, device: str = "NVIDIA H200", gated: bool = True) -> dict[str, Any]:
+    """A fake: the fields a CUDA run of the self-test writes, with made-up figures."""
+    report = cpu_report(image_id)
+    report["device"] = device
+    report["accelerator"] = {"kind": "cuda", "name": device, "count": 1, "capability": "9.0",
+                             "driver": "570.124.06", "driver_cuda": "12.8", "peaks": "H200" if gated else None,
+                             "gated": gated}  # fmt: skip
+    metrics = {
+        "throughput": {"matmul_bfloat16_tflops": 700.0, **({"matmul_bf16_fraction_of_peak": 0.71} if gated else {})},
+        "sdpa": {"flash_attention_speedup_vs_math_4096": 6.2, "cudnn_attention_speedup_vs_math_4096": 7.9},
+        "torch.compile": {"compile_s": 11.4},
+    }
+    for check in report["checks"]:
+        check["status"] = "skip" if check["check"] == "tensorrt-llm" else "pass"
+        check["metrics"] = metrics.get(check["check"], {})
+    return report
+
+
+def test_the_gpu_checks_are_the_self_tests_own_list_and_each_is_one_it_runs() -> None:
+    assert set(smoke.gpu_checks()) <= set(smoke.expected_checks())
+    assert {"sdpa", "throughput", "torch.compile", "amp", "cuda-runtime"} <= set(smoke.gpu_checks())
+
+
+def test_a_gpu_report_naming_device_capability_and_driver_passes_the_gate() -> None:
+    assert smoke.why_not_a_gpu_pass(gpu_report(), IMAGE_ID) is None
+    gated = reports.gate([cpu_report(), gpu_report()], IMAGE_ID, "required")
+    assert isinstance(gated, reports.Gated)
+    assert gated.report["device"] == "cpu" and gated.gpu_report is not None  # the build's report, and the GPU's
+
+
+def test_a_cpu_report_cannot_satisfy_a_required_gpu_gate() -> None:
+    assert smoke.why_not_a_pass(cpu_report(), IMAGE_ID) is None  # a full pass, on a CPU
+    refused = reports.gate([cpu_report(), cpu_report()], IMAGE_ID, "required")
+    assert isinstance(refused, str) and "no passing GPU self-test" in refused and "not on a CUDA device" in refused
+    # a CPU report that claims the CUDA kind without naming a GPU is still no GPU report
+    claimed = cpu_report()
+    claimed["accelerator"] = {"kind": "cuda"}
+    assert "names no GPU model" in str(smoke.why_not_a_gpu_pass(claimed, IMAGE_ID))
+
+
+def test_a_gpu_report_for_another_image_is_refused() -> None:
+    why = smoke.why_not_a_gpu_pass(gpu_report(OTHER_IMAGE), IMAGE_ID)
+    assert why is not None and "for another image (dddddddddddd)" in why
+    refused = reports.gate([cpu_report(), gpu_report(OTHER_IMAGE)], IMAGE_ID, "required")
+    assert isinstance(refused, str) and "for another image" in refused
+
+
+def test_a_gpu_report_without_the_checks_the_image_runs_is_refused() -> None:
+    report = gpu_report()
+    report["checks"] = [c for c in report["checks"] if c["check"] != "distributed"]
+    assert "lacks checks the self-test runs: distributed" in str(smoke.why_not_a_gpu_pass(report, IMAGE_ID))
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (lambda r: next(c for c in r["checks"] if c["check"] == "sdpa").update(status="skip"),
+         "GPU checks did not pass on the device: sdpa skip"),
+        (lambda r: next(c for c in r["checks"] if c["check"] == "cuda-runtime").update(status="warn"),
+         "cuda-runtime warn"),
+        (lambda r: r["accelerator"].pop("capability"), "no compute capability"),
+        (lambda r: r["accelerator"].update(driver="latest"), "no driver version"),
+        (lambda r: r["accelerator"].update(name="NVIDIA A100"), "names no GPU model"),
+        (lambda r: r["accelerator"].pop("gated"), "whether its speed gates applied"),
+        (lambda r: next(c for c in r["checks"] if c["check"] == "throughput").update(metrics={}),
+         "carries no fraction of peak"),
+    ],
+)  # fmt: skip
+def test_a_gpu_report_that_does_not_prove_the_device_is_refused(edit: object, needle: str) -> None:
+    report = gpu_report()
+    edit(report)  # type: ignore[operator]
+    why = smoke.why_not_a_gpu_pass(report, IMAGE_ID)
+    assert why is not None and needle in why
+
+
+def test_a_device_without_a_datasheet_entry_passes_not_gated_and_says_so() -> None:
+    report = gpu_report(device="NVIDIA L4", gated=False)
+    assert smoke.why_not_a_gpu_pass(report, IMAGE_ID) is None
+    entry = reports.record_entry("required", report)
+    assert entry is not None and entry["gated"] is False and entry["matmul_bf16_fraction_of_peak"] is None
+    cell = publish._gpu_text(entry)
+    assert "NVIDIA L4 \\(sm 9.0, driver 570.124.06\\)" in cell and "not gated \\(no datasheet peak\\)" in cell
+    assert "SDPA flash 6.2x math" in cell and "compile 11.4 s" in cell
+
+
+def test_an_optional_gate_lets_an_untested_image_go_and_says_so_but_refuses_a_failed_gpu_run() -> None:
+    gated = reports.gate([cpu_report()], IMAGE_ID, "optional")
+    assert isinstance(gated, reports.Gated) and gated.gpu_report is None
+    assert reports.record_entry("optional", None) == {"status": "not tested", "gate": "optional"}
+    assert publish._gpu_text(reports.record_entry("optional", None)) == "GPU: not tested"
+    failed = gpu_report()
+    next(c for c in failed["checks"] if c["check"] == "throughput").update(status="fail")
+    failed.update(status="fail", failed=["throughput"])
+    refused = reports.gate([cpu_report(), failed], IMAGE_ID, "optional")
+    assert isinstance(refused, str) and "an optional gate still refuses a failure" in refused
+
+
+def test_a_cpu_image_has_no_gpu_column_and_gpu_reports_get_a_tag_per_model() -> None:
+    assert reports.record_entry("none", gpu_report()) is None and publish._gpu_text(None) == "-"
+    assert reports.artifact_tag("1.0-cu13.0.staging-7", cpu_report()) == "1.0-cu13.0.staging-7.selftest"
+    assert reports.artifact_tag("t", gpu_report()) == "t.selftest-gpu-nvidia-h200"
+    assert reports.artifact_tag("t", gpu_report(device="NVIDIA GH200 480GB")) == "t.selftest-gpu-nvidia-gh200-480gb"
+    hostile = copy.deepcopy(gpu_report(device="x/../../y:z"))
+    assert reports.artifact_tag("t", hostile) == "t.selftest-gpu-x-y-z"
