@@ -56,7 +56,7 @@ def tests(session: nox.Session) -> None:
     """Unit tests, drift checks, and integration tests against the real engine and registry.
 
     As root on a fresh machine this installs, with apt, the engine and the tools the tests use
-    (docker.io, mmdebstrap, docker-registry, apache2-utils, openssl) and starts dockerd.
+    (docker.io, mmdebstrap, docker-registry, apache2-utils, openssl, gnupg, sudo) and starts dockerd.
     `-- --cell CELL` runs the integration tests on another cell (a CUDA one, say).
     """
     _install(session, "test")

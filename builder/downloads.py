@@ -4,12 +4,15 @@ indexes and .debs' keyrings (the registry has its own client, publish/registry.p
 requests with urllib3's retries: a refused connection, a dropped one before the answer, and
 the answers a busy server gives (429, 500, 502, 503, 504) are tried again with backoff, up to
 RETRIES times. Proxy settings come from the environment as usual (`https_proxy`, `no_proxy`).
+HTTPS is checked against the system's CA store, where a site adds its own CA (a proxy that
+inspects TLS, say), not against the bundle requests ships; REQUESTS_CA_BUNDLE still overrides.
 Errors are requests' exceptions, which are OSError, as the callers expect.
 """
 
 from __future__ import annotations
 
 import shutil
+import ssl
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -26,6 +29,12 @@ RETRIED_STATUSES = (429, 500, 502, 503, 504)
 _local = threading.local()  # a session per thread: locks resolve cells in parallel
 
 
+def system_ca_bundle() -> str | bool:
+    """The system's CA store (where a site adds its own CA), not the bundle pip or requests ship."""
+    paths = ssl.get_default_verify_paths()
+    return next((p for p in (paths.cafile, paths.openssl_cafile) if p and Path(p).is_file()), True)
+
+
 def session() -> requests.Session:
     if getattr(_local, "session", None) is None:
         retry = Retry(
@@ -36,6 +45,7 @@ def session() -> requests.Session:
             raise_on_status=False,  # the last answer is returned, and raise_for_status says what it was
         )
         made = requests.Session()
+        made.verify = system_ca_bundle()
         adapter = HTTPAdapter(max_retries=retry)
         made.mount("http://", adapter)
         made.mount("https://", adapter)

@@ -25,7 +25,7 @@ def add(register: Register) -> None:
     engine_cmd.add_argument(
         "--test-tools",
         action="store_true",
-        help="with --install, also what the tests use: docker-registry, apache2-utils (htpasswd) and openssl",
+        help="with --install, also what the tests use: docker-registry, apache2-utils (htpasswd), openssl, gnupg, sudo",
     )
     engine_cmd.add_argument(
         "--emulate",

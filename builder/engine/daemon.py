@@ -19,8 +19,15 @@ DOCKERD_LOG = Path("/var/log/torch-images-dockerd.log")
 # and gpgv, which checks the signature of each suite index that debian.lock is made from).
 HOST_TOOLS = {"dockerd": "docker.io", "mmdebstrap": "mmdebstrap", "gpgv": "gpgv"}
 # ... and for the tests: a real registry (the CNCF distribution, as Debian packages it) with
-# htpasswd authentication, and openssl for the certificates the tests make.
-TEST_TOOLS = {"docker-registry": "docker-registry", "htpasswd": "apache2-utils", "openssl": "openssl", "gpg": "gnupg"}
+# htpasswd authentication, openssl for the certificates the tests make, and sudo for the run of
+# the emitted workflow as a hosted runner's non-root user.
+TEST_TOOLS = {
+    "docker-registry": "docker-registry",
+    "htpasswd": "apache2-utils",
+    "openssl": "openssl",
+    "gpg": "gnupg",
+    "sudo": "sudo",
+}
 
 
 def socket_name() -> str:
@@ -80,7 +87,7 @@ def ensure_running(install: bool, test_tools: bool = False) -> str:
     apt) and start dockerd if none answers.
 
     Installs Debian's docker.io and mmdebstrap when missing (with test_tools also
-    docker-registry, apache2-utils and openssl), and starts dockerd in the background, logging
+    docker-registry, apache2-utils, openssl, gnupg and sudo), and starts dockerd in the background, logging
     to DOCKERD_LOG. Returns what it did, for the caller to print.
     """
     did = []

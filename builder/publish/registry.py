@@ -20,7 +20,6 @@ import base64
 import hashlib
 import json
 import re
-import ssl
 import time
 import urllib.parse
 from collections.abc import Mapping
@@ -30,6 +29,7 @@ from typing import Any
 
 import requests
 
+from builder.downloads import system_ca_bundle
 from builder.errors import UserError
 from builder.publish import auth
 from builder.publish.auth import (  # re-exported: the publish stage's callers and tests name them here
@@ -66,12 +66,6 @@ DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 def same_origin(url: str, base: str) -> bool:
     first, second = urllib.parse.urlsplit(url), urllib.parse.urlsplit(base)
     return (first.scheme, first.hostname, first.port) == (second.scheme, second.hostname, second.port)
-
-
-def system_ca_bundle() -> str | bool:
-    """The system's CA store (where a site adds its own CA), not the bundle pip ships."""
-    paths = ssl.get_default_verify_paths()
-    return next((p for p in (paths.cafile, paths.openssl_cafile) if p and Path(p).is_file()), True)
 
 
 def sha256_digest(body: bytes) -> str:

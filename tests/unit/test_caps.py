@@ -16,10 +16,18 @@ from builder.config.schema import parse
 from builder.errors import UserError
 from builder.lock import header
 from builder.plan import matrix
-from builder.publish import auth, registry
+from builder.publish import auth, registry, reports, verify
 from builder.repro import recorded
 from tests.unit.test_hostile_inputs import Project, assert_one_line_error, project, run
-from tests.unit.test_registry_answers import IMAGE_ID, OCI_INDEX, Scripted, _digest, hostile, passing_report
+from tests.unit.test_registry_answers import (
+    IMAGE_ID,
+    OCI_INDEX,
+    OCI_MANIFEST,
+    Scripted,
+    _digest,
+    hostile,
+    passing_report,
+)
 
 __all__ = ["hostile", "project"]  # fixtures shared with the files they come from
 REPO = Path(__file__).resolve().parents[2]
@@ -188,6 +196,46 @@ def test_a_token_answer_at_its_cap_is_read_and_past_it_is_refused(hostile: tuple
         registry.Registry(host, "ci", "pw", retries=0).check()
 
 
+def _serve_attached(handler: type[Scripted], subject: str, count: int) -> None:
+    """`count` referrers of `subject`, each the same self-test artifact, served whole."""
+    report = json.dumps(passing_report()).encode()
+    artifact = json.dumps({
+        "schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": reports.SELFTEST_TYPE,
+        "config": {"mediaType": "application/vnd.oci.empty.v1+json", "digest": _digest(b"{}"), "size": 2},
+        "layers": [{"mediaType": reports.SELFTEST_TYPE, "digest": _digest(report), "size": len(report)}],
+        "subject": {"mediaType": OCI_MANIFEST, "digest": subject, "size": 1},
+    }).encode()  # fmt: skip
+    entry = {"mediaType": OCI_MANIFEST, "digest": _digest(artifact), "size": len(artifact),
+             "artifactType": reports.SELFTEST_TYPE}  # fmt: skip
+    listing = json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [entry] * count}).encode()
+    handler.routes = {
+        f"/v2/torch/referrers/{subject}": (200, {"Content-Type": OCI_INDEX}, listing),
+        f"/v2/torch/manifests/{_digest(artifact)}": (200, {"Content-Type": OCI_MANIFEST}, artifact),
+        f"/v2/torch/blobs/{_digest(report)}": (200, {}, report),
+    }
+
+
+def test_reports_on_a_digest_at_their_cap_are_read_and_past_it_are_refused(hostile: tuple[str, type[Scripted]]) -> None:
+    host, handler = hostile
+    client = registry.Registry(host, retries=0)
+    _serve_attached(handler, IMAGE_ID, reports.MAX_REPORTS)
+    assert len(reports.attached(client, "torch", IMAGE_ID)) == reports.MAX_REPORTS
+    _serve_attached(handler, IMAGE_ID, reports.MAX_REPORTS + 1)
+    with pytest.raises(UserError, match=f"carries {reports.MAX_REPORTS + 1} self-test reports, more than"):
+        reports.attached(client, "torch", IMAGE_ID)
+
+
+def test_artifacts_verify_reads_at_their_cap_and_past_it_are_refused(hostile: tuple[str, type[Scripted]]) -> None:
+    host, handler = hostile
+    client, subject = registry.Registry(host, retries=0), registry.Manifest.of(b"{}", OCI_MANIFEST)
+    _serve_attached(handler, subject.digest, verify.MAX_ARTIFACTS)
+    found = verify.ImageFindings(subject.digest, "")
+    assert len(verify._artifacts(client, "torch", subject, found)) == verify.MAX_ARTIFACTS and not found.problems
+    _serve_attached(handler, subject.digest, verify.MAX_ARTIFACTS + 1)
+    with pytest.raises(UserError, match=f"lists {verify.MAX_ARTIFACTS + 1} artifacts, more than"):
+        verify._artifacts(client, "torch", subject, found)
+
+
 # ---------------------------------------------------------------- the documentation
 
 
@@ -209,6 +257,8 @@ def test_every_cap_is_stated_in_the_security_page_with_its_value() -> None:
         "auth.MAX_CONFIG_BYTES": "1 MiB",
         "smoke.MAX_REPORT_BYTES": "16 MiB",
         "recorded.MAX_RECORD_BYTES": "4 KiB",
+        "reports.MAX_REPORTS": str(reports.MAX_REPORTS),
+        "verify.MAX_ARTIFACTS": str(verify.MAX_ARTIFACTS),
     }
     assert matrix.MAX_COMBINATIONS == 1000 and yamlsource.MAX_BYTES == 1 << 20
     assert header.MAX_LOCK_BYTES == bundle.MAX_MANIFEST_BYTES == smoke.MAX_REPORT_BYTES == 16 << 20

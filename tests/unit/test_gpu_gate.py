@@ -7,12 +7,15 @@ integration tests gate real reports from a real registry."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from builder.assemble import smoke
-from builder.publish import publish, reports
+from builder.errors import UserError
+from builder.plan.matrix import load_matrix
+from builder.publish import publish, reports, staging, verify
 
 IMAGE_ID = "sha256:" + "c" * 64
 OTHER_IMAGE = "sha256:" + "d" * 64
@@ -132,3 +135,43 @@ def test_a_cpu_image_has_no_gpu_column_and_gpu_reports_get_a_tag_per_model() -> 
     assert reports.artifact_tag("t", gpu_report(device="NVIDIA GH200 480GB")) == "t.selftest-gpu-nvidia-gh200-480gb"
     hostile = copy.deepcopy(gpu_report(device="x/../../y:z"))
     assert reports.artifact_tag("t", hostile) == "t.selftest-gpu-x-y-z"
+
+
+def test_the_gpu_stage_refuses_a_cpu_cell_and_an_engine_without_the_nvidia_runtime(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(repo)
+    grid = load_matrix(Path("matrix.yaml"))
+
+    class EngineWithoutGpus:
+        def info(self) -> dict[str, object]:
+            return {"Runtimes": {"runc": {}}}
+
+    engine, say = EngineWithoutGpus(), lambda _: None
+    with pytest.raises(UserError, match=r"2\.13\.0-cpu-bookworm-runtime: a CPU image has no GPU stage"):
+        staging.gpu_test(engine, None, grid, [grid.cell("2.13.0-cpu-bookworm-runtime")], "r1", say)  # type: ignore[arg-type]
+    with pytest.raises(UserError, match="the engine has no NVIDIA runtime, so no container sees a GPU"):
+        staging.gpu_test(engine, None, grid, [grid.flagship], "r1", say)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["ghcr.io", "ghcr.io/Acme/torch:x", "ghcr.io/acme/torch:-x", "ghcr.io/acme/torch@sha256:abc",
+     "ghcr.io/../torch:x", "ghcr.io/acme/torch:x\nfoo", "https://ghcr.io/acme/torch:x"],
+)  # fmt: skip
+def test_verify_takes_only_a_plain_image_reference(text: str) -> None:
+    with pytest.raises(UserError, match=r"is not|not a tag|not a sha256"):
+        verify.parse_reference(text)
+
+
+def test_verify_reads_registry_repository_tag_and_digest() -> None:
+    parsed = verify.parse_reference("127.0.0.1:5000/ml/torch:2.15-runtime")
+    assert (parsed.registry, parsed.repository, parsed.tag, parsed.digest) == (
+        "127.0.0.1:5000",
+        "ml/torch",
+        "2.15-runtime",
+        None,
+    )
+    pinned = verify.parse_reference("ghcr.io/acme/torch@sha256:" + "a" * 64)
+    assert pinned.reference == "sha256:" + "a" * 64 and pinned.tag is None

@@ -1,0 +1,164 @@
+"""The workflow `python -m builder ci github` emits, run the way a hosted runner runs it.
+
+Its `run:` steps, word for word, as a non-root user in the docker group with passwordless sudo
+who cannot create user namespaces (tests/hosted_runner.py), in a fresh copy of the tree, with a
+fresh cache, on an engine where the builder finds neither the base nor the cell's image, on a host without
+mmdebstrap: the cell job installs what it needs, bootstraps, builds, self-tests and stages into
+a loopback registry with credentials from `docker login`; the promote job then promotes from
+the registry alone, and `verify` finds the SBOM and the report on the digest.
+
+What cannot run here is listed, not faked: the `uses:` actions (checkout is a copy of the tree;
+setup-python is this machine's Python 3.11; the cache starts empty), and GHCR's GITHUB_TOKEN
+login (the loopback registry's secrets login takes its place). The CPU cell is the one that can
+run here: its wheel folder exists on this machine, which is why `ci` names it explicitly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import docker.errors
+import pytest
+import yaml
+
+from builder.assemble import build
+from builder.engine import daemon
+from builder.plan import matrix
+from builder.publish import publish, staging, verify
+from builder.publish.registry import Registry
+from builder.render import ci
+from tests import hosted_runner
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+CELL = "2.13.0-cpu-bookworm-runtime"
+RUN_ID = "4242"
+# What GitHub's runner does for these, and why the run here does without it.
+NOT_TRIED = {
+    "actions/checkout": "a copy of the tree under test (git's tracked and untracked files), owned by the runner's user",
+    "actions/setup-python": "this machine's Python 3.11",
+    "actions/cache": "the cache starts empty, as on a first run",
+}
+
+
+@contextlib.contextmanager
+def moved_aside(client: docker.DockerClient, names: list[str]) -> Iterator[list[str]]:
+    """The builder finds none of these images (repositories, or repository:tag): each of their
+    tags is moved aside, under a name the builder never reads, for the run and put back after it.
+    Layers the engine keeps from earlier builds may still serve the build's steps from its cache,
+    as on a self-hosted runner; a hosted runner's engine starts empty."""
+    hidden: list[tuple[str, str]] = []
+    for image in [image for name in names for image in client.images.list(name=name)]:
+        for tag in [t for t in image.tags if any(t == n or t.startswith(f"{n}:") for n in names)]:
+            aside = f"torch-images-test/aside:{len(hidden)}"
+            image.tag(aside)
+            client.images.remove(tag)
+            hidden.append((tag, aside))
+    try:
+        yield [tag for tag, _ in hidden]
+    finally:
+        for tag, aside in hidden:
+            with contextlib.suppress(docker.errors.ImageNotFound, docker.errors.APIError):
+                client.images.get(aside).tag(tag)
+                client.images.remove(aside)
+
+
+@contextlib.contextmanager
+def without_mmdebstrap() -> Iterator[None]:
+    """A host without mmdebstrap, as a hosted runner is: the workflow must install it."""
+    subprocess.run(["apt-get", "remove", "-y", "-q", "mmdebstrap"], check=True, capture_output=True)
+    try:
+        yield
+    finally:
+        if shutil.which("mmdebstrap") is None:
+            daemon.apt_install(["mmdebstrap"])
+
+
+def test_the_emitted_github_workflow_runs_as_a_hosted_runner_from_install_to_promotion(
+    client: docker.DockerClient,
+    start_registry,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    why = hosted_runner.supported()
+    if why is not None:
+        pytest.fail(f"this machine cannot play a hosted runner: {why}")
+    running = start_registry(user="ci", password="runner-secret")
+    monkeypatch.chdir(REPO)
+    grid = matrix.load_matrix(Path("matrix.yaml"))
+    cell = grid.cell(CELL)
+    workflow = yaml.safe_load(ci.workflow(grid, "github", registry=f"{running.host}/torch", names=[CELL]))
+    assert list(workflow["jobs"]) == ["cell", "promote"]  # a CPU cell: no GPU stage
+    context = {
+        "matrix.cell": CELL,
+        "matrix.runner": "ubuntu-24.04",
+        "github.run_id": RUN_ID,
+        "github.actor": "ci",
+        "secrets.REGISTRY_USER": "ci",
+        "secrets.REGISTRY_PASSWORD": "runner-secret",
+    }
+    runner = hosted_runner.Runner(env={**workflow["env"], "GITHUB_REPOSITORY_OWNER": "Acme"})
+    log: list[str] = []
+    runner.create()
+    try:
+        runner.checkout(REPO)
+        refused = subprocess.run(
+            ["runuser", "-u", runner.user, "--", "unshare", "--user", "true"],
+            capture_output=True, preexec_fn=hosted_runner.refuse_user_namespaces,
+        )  # fmt: skip
+        assert refused.returncode != 0, "the runner's user must not be able to create user namespaces"
+        images = ["torch-images/base", build.local_reference(grid, cell)]  # no base, and not built before
+        with moved_aside(client, images) as moved, without_mmdebstrap():
+            assert any(tag.startswith("torch-images/base:bookworm") for tag in moved)
+            not_tried = _run_job(workflow["jobs"]["cell"], runner, context, log)
+            not_tried += _run_job(workflow["jobs"]["promote"], runner, context, log)
+            assert shutil.which("mmdebstrap") is not None  # the job installed it, through sudo
+    finally:
+        with capsys.disabled():
+            print("\n".join(log)[-8000:])
+        runner.remove()
+    assert sorted({name.split("@")[0] for name in not_tried}) == sorted(NOT_TRIED)
+
+    api = Registry(running.host, "ci", "runner-secret", retries=1, backoff_s=0.1)
+    staged = api.manifest("torch", staging.staging_tag(grid, cell, RUN_ID))
+    promoted = api.manifest("torch", cell.tag)
+    assert staged is not None and promoted is not None and promoted.digest == staged.digest
+    assert set(api.attached("torch", staged.digest)) == set(publish.ARTIFACT_TYPES.values())
+    image_id = json.loads(staged.body)["config"]["digest"]
+    assert image_id == (REPO / "images" / CELL / "image-id").read_text().split()[0]  # the recorded build
+    [found] = verify.verify(api, verify.parse_reference(f"{running.host}/torch:{cell.tag}"), grid)
+    assert found.problems == [] and found.image_id == image_id
+    assert any(line.startswith("cpu report on cpu: pass") for line in found.lines)
+    steps = "\n".join(log)
+    assert "installed mmdebstrap with sudo apt-get" in steps
+    assert "bootstrapping debian bookworm (amd64) from its" in steps  # as root, through sudo
+    assert f"{CELL}: built, recorded ID" in steps and "self-test pass" in steps
+
+
+def _run_job(
+    job: dict[str, object], runner: hosted_runner.Runner, context: dict[str, str], log: list[str]
+) -> list[str]:
+    """Each `run:` step of the job, in order, stopping at the first that fails; returns the
+    `uses:` actions it could not run."""
+    not_tried = []
+    steps = job["steps"]
+    assert isinstance(steps, list)
+    for step in steps:
+        if "uses" in step:
+            assert step["uses"].split("@")[0] in NOT_TRIED, f"an action this run cannot stand in for: {step['uses']}"
+            not_tried.append(step["uses"])
+            continue
+        script = hosted_runner.substitute(step["run"], context)
+        step_env = {name: hosted_runner.substitute(str(value), context) for name, value in step.get("env", {}).items()}
+        result = runner.run(script, step_env, log.append)
+        assert result.returncode == 0, (
+            f"step {step.get('name')!r} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+        )
+    return not_tried
