@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from builder.commands.common import (
     Register,
@@ -14,7 +15,7 @@ from builder.commands.common import (
     use_registry_option,
 )
 from builder.engine import daemon
-from builder.publish import publish, staging
+from builder.publish import provenance, publish, staging
 
 
 def add(register: Register) -> None:
@@ -49,6 +50,14 @@ def add(register: Register) -> None:
         "image, self-test it with every GPU, and attach the report to its digest beside the others",
     )
     publish_cmd.add_argument(
+        "--sign-key",
+        type=Path,
+        metavar="FILE",
+        help="sign each image's provenance (in-toto, SLSA v1) and self-test reports with this private key (PEM, "
+        f"Ed25519 or ECDSA P-256) and attach them as DSSE envelopes; default: the PEM in {provenance.KEY_ENVIRONMENT} "
+        "if set, else unsigned",
+    )
+    publish_cmd.add_argument(
         "--run", default="local", help="with --stage and --promote: the run ID that ties them (CI's run number)"
     )
     publish_cmd.set_defaults(func=run)
@@ -58,21 +67,28 @@ def run(args: argparse.Namespace) -> int:
     grid = grid_of(args)
     use_registry_option(grid, args)
     cells, say = cells_of(args, grid), lambda text: console.print(text)
+    signer = provenance.load_signer(args.sign_key)
     if args.stage or args.promote or args.gpu_test:
         staging.check_run(args.run)
         registry = registry_of(grid, args)
         if args.gpu_test:
-            failures = staging.gpu_test(daemon.client(), registry, grid, cells, args.run, say)
+            failures = staging.gpu_test(daemon.client(), registry, grid, cells, args.run, say, signer)
             return 0 if all(why is None for why in failures) else 1
         if args.stage:
-            items = staging.stage(daemon.client(), registry, grid, cells, args.run, say)
+            items = staging.stage(daemon.client(), registry, grid, cells, args.run, say, signer)
             for item in items:
                 console.print(f"{item.cell.name}: staged {grid.spec.registry}/{grid.spec.repository}:{item.target}")
             return 0
         items = staging.promote(registry, grid, cells, args.run, say)
     else:
         items = publish.publish(
-            daemon.client(), grid, cells, say, ca_file=args.registry_ca, insecure=args.insecure_registry
+            daemon.client(),
+            grid,
+            cells,
+            say,
+            ca_file=args.registry_ca,
+            insecure=args.insecure_registry,
+            signer=signer,
         )
     for item in items:
         state = "unchanged" if item.unchanged and not item.moved_aliases else "published"

@@ -8,7 +8,7 @@ from pathlib import Path
 from builder.commands.common import Register, console, registry_options
 from builder.errors import UserError
 from builder.plan import matrix
-from builder.publish import verify
+from builder.publish import provenance, verify
 from builder.publish.registry import Registry
 
 
@@ -21,6 +21,13 @@ def add(register: Register) -> None:
         "digest. A CUDA image needs a passing GPU report unless this checkout's matrix makes its gate optional.",
     )
     verify_cmd.add_argument("reference", help="REGISTRY/REPOSITORY:TAG or REGISTRY/REPOSITORY@sha256:...")
+    verify_cmd.add_argument(
+        "--key",
+        type=Path,
+        metavar="PUB",
+        help="also check the signed attestations with this public key (PEM): each signature, that each is about "
+        "this digest and image, and that the provenance's locks and build ID match this checkout",
+    )
     registry_options(verify_cmd, argparse.SUPPRESS)
     verify_cmd.set_defaults(func=run)
 
@@ -32,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
     grid = matrix.load_matrix(Path(args.matrix)) if Path(args.matrix).is_file() else None
     registry = Registry.for_publishing(reference.registry, args.registry_ca, args.insecure_registry)
     registry.check()
-    images = verify.verify(registry, reference, grid)
+    key = provenance.load_public_key(args.key) if args.key else None
+    images = verify.verify(registry, reference, grid, key)
     failed = False
     for image in images:
         where = f" [{image.platform}]" if image.platform else ""

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import docker
 import docker.errors
+from securesystemslib.signer import CryptoSigner
 
 from builder import times
 from builder.assemble import smoke
@@ -32,7 +33,7 @@ from builder.errors import UserError
 from builder.lock import requirements as lock
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
-from builder.publish import multiarch, reports, sbom
+from builder.publish import multiarch, provenance, reports, sbom
 from builder.publish.publication import Publication
 from builder.publish.registry import Manifest, Registry
 
@@ -137,12 +138,44 @@ def missing_artifacts(registry: Registry, grid: Matrix, item: Publication) -> li
     return [kind for kind, media_type in ARTIFACT_TYPES.items() if media_type not in attached]
 
 
-def _push_metadata(
-    engine: docker.DockerClient, registry: Registry, grid: Matrix, item: Publication, kinds: list[str]
-) -> None:
+def _subject(registry: Registry, grid: Matrix, item: Publication) -> Manifest:
     subject = registry.manifest(grid.spec.repository, item.target)
     if subject is None or subject.digest != item.digest:
         raise UserError(f"{grid.spec.repository}:{item.target} changed while publishing; aliases left where they were")
+    return subject
+
+
+def attach_attestations(
+    registry: Registry, grid: Matrix, item: Publication, signer: CryptoSigner, report: Report
+) -> None:
+    """Signed provenance and a signed statement of each report the item carries, for what the
+    digest lacks (a rerun with a key signs an image published without one)."""
+    repository = grid.spec.repository
+    have = {str(e.get("annotations", {}).get(provenance.PREDICATE_ANNOTATION)) for e in
+            provenance.attested(registry, repository, item.digest)}  # fmt: skip
+    subject = _subject(registry, grid, item)
+    about = provenance.Subject(f"{grid.spec.registry}/{repository}", item.digest, item.image_id, item.build_id)
+    signed = []
+    if provenance.PROVENANCE not in have:
+        statement = provenance.provenance_statement(about, item.cell, provenance.builder_version())
+        provenance.attach(registry, repository, subject, f"{item.target}.provenance", statement, signer)
+        signed.append("provenance")
+    if provenance.SELFTEST not in have:
+        for found in (item.report, item.gpu_report):
+            if found:
+                tag = f"{reports.artifact_tag(item.target, found)}.att"[:128]
+                provenance.attach(
+                    registry, repository, subject, tag, provenance.selftest_statement(about, found), signer
+                )
+                signed.append(f"{smoke.report_kind(found)} self-test")
+    if signed:
+        report(f"signed and attached {', '.join(signed)} to {item.target} ({item.digest[:19]})")
+
+
+def _push_metadata(
+    engine: docker.DockerClient, registry: Registry, grid: Matrix, item: Publication, kinds: list[str]
+) -> None:
+    subject = _subject(registry, grid, item)
     annotations = {"org.opencontainers.image.ref.name": item.cell.tag, "io.torch-images.build-id": item.build_id}
     documents: dict[str, object] = {}
     if "sbom" in kinds:
@@ -195,9 +228,11 @@ def publish(
     readme: Path | None = None,
     ca_file: Path | None = None,
     insecure: bool = False,
+    signer: CryptoSigner | None = None,
 ) -> list[Publication]:
     """Publish the cells; records go to published/ beside the matrix file, and the table of
-    published tags into the README.md beside it (where that README has the table's markers)."""
+    published tags into the README.md beside it (where that README has the table's markers).
+    With a signer, each image also gets its signed provenance and self-test statements."""
     multiarch.check_complete(grid, cells)  # a multi-arch tag: every platform's image, or none
     items = gate(engine, grid, cells)
     registry = Registry.for_publishing(grid.spec.registry, ca_file, insecure)
@@ -206,6 +241,8 @@ def publish(
         push_image(engine, registry, grid, item, report)
     for item in items:
         attach_missing(engine, registry, grid, item, report)
+        if signer is not None:
+            attach_attestations(registry, grid, item, signer, report)
     multiarch.push_indexes(registry, grid, items, report)
     finish(registry, grid, items, report, records_dir, readme)
     return items

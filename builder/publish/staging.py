@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import docker
+from securesystemslib.signer import CryptoSigner
 
 from builder.assemble import build, smoke
 from builder.assemble.build import BUILD_ID_LABEL
@@ -26,7 +27,7 @@ from builder.config import grammar
 from builder.errors import UserError
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
-from builder.publish import existing, multiarch, publish, reports
+from builder.publish import existing, multiarch, provenance, publish, reports
 from builder.publish.publication import Publication
 from builder.publish.publish import ARTIFACT_TYPES
 from builder.publish.registry import IMAGE_TYPES, Registry
@@ -46,7 +47,13 @@ def check_run(run: str) -> str:
 
 
 def stage(
-    engine: docker.DockerClient, registry: Registry, grid: Matrix, cells: list[Cell], run: str, report: Report
+    engine: docker.DockerClient,
+    registry: Registry,
+    grid: Matrix,
+    cells: list[Cell],
+    run: str,
+    report: Report,
+    signer: CryptoSigner | None = None,
 ) -> list[Publication]:
     check_run(run)  # one platform at a time is fine here: the index is made only at promotion
     local = [c for c in cells if _built_here(engine, grid, c)]
@@ -55,6 +62,8 @@ def stage(
         item.staging_tag = staging_tag(grid, item.cell, run)
         publish.push_image(engine, registry, grid, item, report)
         publish.attach_missing(engine, registry, grid, item, report)
+        if signer is not None:
+            publish.attach_attestations(registry, grid, item, signer, report)
     for cell in (c for c in cells if c not in local):
         items.append(_stage_published(engine, registry, grid, cell, run, report))
     return items
@@ -90,7 +99,13 @@ def _stage_published(
 
 
 def gpu_test(
-    engine: docker.DockerClient, registry: Registry, grid: Matrix, cells: list[Cell], run: str, report: Report
+    engine: docker.DockerClient,
+    registry: Registry,
+    grid: Matrix,
+    cells: list[Cell],
+    run: str,
+    report: Report,
+    signer: CryptoSigner | None = None,
 ) -> list[str | None]:
     """CI's GPU stage, on a runner with GPUs: pull each CUDA cell's staged image by digest, run
     its self-test with every GPU (host checks included), and attach the report to that digest
@@ -128,6 +143,11 @@ def gpu_test(
         result = smoke.run(engine, reference, gpus=True)
         build_id = (pulled.labels or {}).get(BUILD_ID_LABEL, "")
         reports.attach(registry, repository, manifest, tag, result.report, build_id, cell.tag)
+        if signer is not None:
+            about = provenance.Subject(f"{grid.spec.registry}/{repository}", manifest.digest, image_id, build_id)
+            statement = provenance.selftest_statement(about, result.report)
+            att_tag = f"{reports.artifact_tag(tag, result.report)}.att"[:128]
+            provenance.attach(registry, repository, manifest, att_tag, statement, signer)
         why = smoke.why_not_a_gpu_pass(result.report, image_id)
         verdict = "pass" if why is None else f"not a pass: {why}"
         report(f"{cell.name}: GPU self-test {verdict}, attached to {manifest.digest[:19]}")

@@ -9,17 +9,20 @@ artifact is checked to name this digest as its subject, and each report to name 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from securesystemslib.signer import SSlibKey
 
 from builder.assemble import smoke
 from builder.assemble.build import BUILD_ID_LABEL
 from builder.config import grammar
 from builder.errors import UserError
 from builder.plan.matrix import Matrix
-from builder.publish import reports
+from builder.publish import provenance, reports
 from builder.publish.publish import ARTIFACT_TYPES
 from builder.publish.registry import DIGEST, IMAGE_TYPES, INDEX_TYPES, Manifest, Registry, json_object
 
@@ -72,8 +75,11 @@ class ImageFindings:
     problems: list[str] = field(default_factory=list)
 
 
-def verify(registry: Registry, reference: Reference, grid: Matrix | None) -> list[ImageFindings]:
-    """Each image under `reference` (one, or one per platform of an index), with its findings."""
+def verify(
+    registry: Registry, reference: Reference, grid: Matrix | None, key: SSlibKey | None = None
+) -> list[ImageFindings]:
+    """Each image under `reference` (one, or one per platform of an index), with its findings;
+    with a key, also its signed attestations."""
     manifest = registry.manifest(reference.repository, reference.reference)
     if manifest is None:
         raise UserError(f"{reference}: not in {registry.host}")
@@ -88,13 +94,13 @@ def verify(registry: Registry, reference: Reference, grid: Matrix | None) -> lis
             if child is None:
                 raise UserError(f"{reference}: its index lists {entry['digest']}, which the registry does not serve")
             name = f"{platform.get('os', '?')}/{platform.get('architecture', '?')}"
-            images.append(_verify_image(registry, reference.repository, child, name, grid))
+            images.append(_verify_image(registry, reference.repository, child, name, grid, key))
         return images
-    return [_verify_image(registry, reference.repository, manifest, "", grid)]
+    return [_verify_image(registry, reference.repository, manifest, "", grid, key)]
 
 
 def _verify_image(
-    registry: Registry, repository: str, manifest: Manifest, platform: str, grid: Matrix | None
+    registry: Registry, repository: str, manifest: Manifest, platform: str, grid: Matrix | None, key: SSlibKey | None
 ) -> ImageFindings:
     if manifest.media_type not in IMAGE_TYPES:
         raise UserError(f"{manifest.digest[:19]} is a {manifest.media_type}, not an image")
@@ -111,6 +117,9 @@ def _verify_image(
     gpu_gate = _gpu_gate(grid, found.cell, cuda)
     _check_reports([a for a in artifacts if a.artifact_type == reports.SELFTEST_TYPE], found, gpu_gate)
     _check_build_id(artifacts, found, grid)
+    if key is not None:
+        envelopes = [a for a in artifacts if a.artifact_type == provenance.ENVELOPE_TYPE]
+        _check_attestations(envelopes, found, grid, key, gpu_gate)
     return found
 
 
@@ -244,3 +253,71 @@ def _record_build_id(grid: Matrix | None, cell: str, digest: str) -> str | None:
 
 def _plain(value: object, grammar_: grammar.Grammar) -> str:
     return value if isinstance(value, str) and grammar_.matches(value) else ""
+
+
+def _check_attestations(
+    envelopes: list[Artifact], found: ImageFindings, grid: Matrix | None, key: SSlibKey, gpu_gate: str
+) -> None:
+    """Each DSSE envelope signed by `key`, about this digest and image; the provenance's inputs
+    as this checkout commits them; and which attestations are missing."""
+    kinds: set[str] = set()
+    for number, envelope in enumerate(envelopes, 1):
+        where = f"attestation {number} ({str(envelope.annotations.get(provenance.PREDICATE_ANNOTATION))[:60]})"
+        try:
+            statement = provenance.verify_envelope(envelope.document, key)
+        except UserError as error:
+            found.problems.append(f"{where}: {error.message}")
+            continue
+        subjects = statement.get("subject") or []
+        digests = {f"sha256:{s.get('digest', {}).get('sha256')}" for s in subjects if isinstance(s, dict)}
+        image_ids = {(s.get("annotations") or {}).get("imageId") for s in subjects if isinstance(s, dict)}
+        if digests != {found.digest} or image_ids != {found.image_id}:
+            found.problems.append(f"{where}: signed, but about another digest or image")
+            continue
+        predicate_type, predicate = statement.get("predicateType"), statement.get("predicate") or {}
+        if predicate_type == provenance.PROVENANCE:
+            kinds.add("provenance")
+            _check_provenance(predicate, found, grid)
+        elif predicate_type == provenance.SELFTEST:
+            why = smoke.why_not_a_pass(predicate, found.image_id)
+            if why is not None:
+                found.problems.append(f"{where}: the signed report is not a pass ({why})")
+                continue
+            kind = "gpu" if smoke.why_not_a_gpu_pass(predicate, found.image_id) is None else "cpu"
+            kinds.add(f"{kind} self-test")
+            found.lines.append(f"signed {kind} self-test on {str(predicate.get('device'))[:120]}: pass")
+    missing = [k for k in ("provenance", "cpu self-test") if k not in kinds and not (
+        k == "cpu self-test" and "gpu self-test" in kinds)]  # fmt: skip
+    if gpu_gate == "required" and "gpu self-test" not in kinds:
+        missing.append("gpu self-test")
+    for kind in missing:
+        found.problems.append(f"no signed {kind} attestation from the given key")
+
+
+def _check_provenance(predicate: dict[str, Any], found: ImageFindings, grid: Matrix | None) -> None:
+    definition = predicate.get("buildDefinition") or {}
+    internal = definition.get("internalParameters") or {}
+    if internal.get("buildId") != found.build_id:
+        found.problems.append(f"signed provenance names build ID {str(internal.get('buildId'))[:12]}, "
+                              f"the image's label {found.build_id[:12]}")  # fmt: skip
+        return
+    cell = next((c for c in grid.cells if c.name == found.cell), None) if grid is not None else None
+    if cell is None:
+        found.lines.append(f"signed provenance: build ID {found.build_id[:12]} (no cell {found.cell} here to compare)")
+        return
+    committed = {name: path for name, path in provenance.build_inputs(cell).items() if name.endswith(".lock")}
+    named = {
+        str(d.get("name")): f"sha256:{(d.get('digest') or {}).get('sha256')}"
+        for d in definition.get("resolvedDependencies") or [] if isinstance(d, dict)
+    }  # fmt: skip
+    differ = [name for name, path in committed.items() if named.get(name) != f"sha256:{_sha256(path)}"]
+    if differ:
+        found.problems.append(f"signed provenance's locks differ from this checkout's: {', '.join(differ)}")
+    else:
+        found.lines.append(
+            f"signed provenance: {len(committed)} locks match this checkout, build ID {found.build_id[:12]}"
+        )
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -4,8 +4,9 @@ Its `run:` steps, word for word, as a non-root user in the docker group with pas
 who cannot create user namespaces (tests/hosted_runner.py), in a fresh copy of the tree, with a
 fresh cache, on an engine where the builder finds neither the base nor the cell's image, on a host without
 mmdebstrap: the cell job installs what it needs, bootstraps, builds, self-tests and stages into
-a loopback registry with credentials from `docker login`; the promote job then promotes from
-the registry alone, and `verify` finds the SBOM and the report on the digest.
+a loopback registry with credentials from `docker login`, signing with the key its secret holds;
+the promote job then promotes from the registry alone, and `verify --key` finds the SBOM, the
+report and the signed attestations on the digest.
 
 What cannot run here is listed, not faked: the `uses:` actions (checkout is a copy of the tree;
 setup-python is this machine's Python 3.11; the cache starts empty), and GHCR's GITHUB_TOKEN
@@ -26,6 +27,9 @@ import docker
 import docker.errors
 import pytest
 import yaml
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+from securesystemslib.signer import SSlibKey
 
 from builder.assemble import build
 from builder.engine import daemon
@@ -96,7 +100,12 @@ def test_the_emitted_github_workflow_runs_as_a_hosted_runner_from_install_to_pro
     cell = grid.cell(CELL)
     workflow = yaml.safe_load(ci.workflow(grid, "github", registry=f"{running.host}/torch", names=[CELL]))
     assert list(workflow["jobs"]) == ["cell", "promote"]  # a CPU cell: no GPU stage
+    signing_key = ed25519.Ed25519PrivateKey.generate()
+    pem = signing_key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
     context = {
+        "secrets.TORCH_IMAGES_SIGNING_KEY": pem,
         "matrix.cell": CELL,
         "matrix.runner": "ubuntu-24.04",
         "github.run_id": RUN_ID,
@@ -133,8 +142,10 @@ def test_the_emitted_github_workflow_runs_as_a_hosted_runner_from_install_to_pro
     assert set(api.attached("torch", staged.digest)) == set(publish.ARTIFACT_TYPES.values())
     image_id = json.loads(staged.body)["config"]["digest"]
     assert image_id == (REPO / "images" / CELL / "image-id").read_text().split()[0]  # the recorded build
-    [found] = verify.verify(api, verify.parse_reference(f"{running.host}/torch:{cell.tag}"), grid)
+    public = SSlibKey.from_crypto(signing_key.public_key())  # the secret's key signed what the job staged
+    [found] = verify.verify(api, verify.parse_reference(f"{running.host}/torch:{cell.tag}"), grid, public)
     assert found.problems == [] and found.image_id == image_id
+    assert any(line.startswith("signed provenance: 2 locks match this checkout") for line in found.lines)
     assert any(line.startswith("cpu report on cpu: pass") for line in found.lines)
     steps = "\n".join(log)
     assert "installed mmdebstrap with sudo apt-get" in steps

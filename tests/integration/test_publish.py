@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import time
@@ -9,12 +10,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+from securesystemslib.signer import CryptoSigner
 
 from builder import cli
 from builder.assemble import build, smoke, wheelhouse
 from builder.errors import UserError
 from builder.plan.matrix import Matrix
-from builder.publish import existing, loopback, publish, reports, staging
+from builder.publish import existing, loopback, provenance, publish, reports, staging
 from builder.publish.registry import Manifest, Registry
 from tests import registry_fixtures
 from tests.integration.conftest import BuiltCell, RunningRegistry
@@ -33,7 +37,11 @@ def _grid_for(built: BuiltCell, registry: RunningRegistry) -> Matrix:
 
 
 def _publish(
-    built: BuiltCell, registry: RunningRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    built: BuiltCell,
+    registry: RunningRegistry,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    signer: CryptoSigner | None = None,
 ) -> list[publish.Publication]:
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "no-docker-config"))  # the host's logins play no part
     if registry.user:
@@ -50,6 +58,7 @@ def _publish(
         tmp_path / "records",
         readme,
         ca_file=registry.ca,
+        signer=signer,
     )
 
 
@@ -424,3 +433,76 @@ def test_a_connection_cut_mid_push_is_retried_and_nothing_is_half_published(
     assert api.manifest("torch", built.cell.tag).digest == item.digest  # type: ignore[union-attr]
     assert _fully_attached(api, item.digest)
     assert all(api.manifest("torch", a).digest == item.digest for a in built.cell.aliases)  # type: ignore[union-attr]
+
+
+def _key_files(directory: Path) -> tuple[Path, Path]:
+    key = ed25519.Ed25519PrivateKey.generate()
+    directory.mkdir(parents=True, exist_ok=True)
+    private, public = directory / "signing.pem", directory / "signing.pub"
+    private.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    public.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    return private, public
+
+
+def test_a_signed_publish_verifies_with_its_key_and_every_tampering_fails_in_one_line(
+    built: BuiltCell,
+    smoke_result: smoke.SmokeResult,
+    start_registry,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],  # type: ignore[no-untyped-def]
+) -> None:
+    private, public = _key_files(tmp_path / "team")
+    _, stranger = _key_files(tmp_path / "stranger")
+    running = start_registry()
+    [item] = _publish(built, running, tmp_path, monkeypatch, provenance.load_signer(private))
+    monkeypatch.chdir(tmp_path)
+    reference, matrix_file = f"{running.host}/torch:{built.cell.tag}", str(built.grid.path)
+
+    def verify_with(key: Path) -> tuple[int, str]:
+        code = cli.main(["--matrix", matrix_file, "verify", reference, "--key", str(key)])
+        return code, capsys.readouterr().out
+
+    code, out = verify_with(public)
+    assert code == 0, out
+    assert "signed provenance: 2 locks match this checkout" in out and "signed cpu self-test on cpu: pass" in out
+    code, out = verify_with(stranger)
+    assert code == 1 and out.count("its signature does not verify with the given key") == 2
+    assert "no signed provenance attestation from the given key" in out
+
+    # The same statement with one byte of its payload flipped, attached beside the good one.
+    api = running.api()
+    subject = api.manifest("torch", built.cell.tag)
+    assert subject is not None
+    good = api.artifact("torch", api.manifest("torch", f"{built.cell.tag}.provenance").digest)  # type: ignore[union-attr]
+    payload = bytearray(base64.b64decode(good["payload"]))
+    payload[payload.index(b'"buildId"') + 12] ^= 1
+    flipped = json.dumps({**good, "payload": base64.b64encode(bytes(payload)).decode()}).encode()
+    api.push_artifact("torch", "flipped.att", flipped, provenance.ENVELOPE_TYPE, {}, subject)
+    # A statement the team's key did sign, about another digest, attached to this one.
+    signer = provenance.load_signer(private)
+    assert signer is not None
+    elsewhere = provenance.Subject(f"{running.host}/torch", "sha256:" + "e" * 64, item.image_id, item.build_id)
+    provenance.attach(
+        api, "torch", subject, "elsewhere.att", provenance.selftest_statement(elsewhere, smoke_result.report), signer
+    )
+    code, out = verify_with(public)
+    assert code == 1
+    assert "its signature does not verify with the given key" in out  # the flipped byte
+    assert "signed, but about another digest or image" in out
+
+    # A checkout whose lock is not the one the provenance names.
+    lock = built.cell.directory / "requirements.lock"
+    other_lock = tmp_path / "requirements.lock"
+    other_lock.write_bytes(lock.read_bytes() + b"# another lock\n")
+    real_inputs = provenance.build_inputs
+    monkeypatch.setattr(
+        provenance, "build_inputs",
+        lambda cell: {**real_inputs(cell), f"images/{cell.name}/requirements.lock": other_lock},
+    )  # fmt: skip
+    code, out = verify_with(public)
+    assert code == 1 and f"locks differ from this checkout's: images/{built.cell.name}/requirements.lock" in out

@@ -75,6 +75,8 @@ def test_every_cell_job_installs_what_it_needs_caches_by_its_locks_and_builds_wi
     assert runs[build] == './nox -s build -- --registry "$IMAGE" --skip-existing ${{ matrix.cell }}'
     assert any("--stage --run ${{ github.run_id }} ${{ matrix.cell }}" in run for run in runs)
     assert not any("docker image prune" in run for run in runs)  # a runner's engine is not emptied
+    stage = next(step for step in steps if "--stage" in step.get("run", ""))
+    assert stage["env"] == {"TORCH_IMAGES_SIGNING_KEY": "${{ secrets.TORCH_IMAGES_SIGNING_KEY }}"}  # signs when set
     cache = next(step for step in steps if step.get("uses", "").startswith("actions/cache@"))
     assert cache["with"]["path"] == "~/.cache/torch-images"
     assert (
@@ -93,6 +95,7 @@ def test_each_cuda_cell_has_a_gpu_job_on_its_architectures_runner_and_promote_wa
     assert entries["2.15.0-cu13.2-bookworm-runtime-arm64"]["runner"] == ["self-hosted", "linux", "arm64", "gpu"]
     assert gpu["needs"] == "cell" and gpu["runs-on"] == "${{ matrix.runner }}"
     assert gpu["steps"][-1]["run"].endswith("--gpu-test --run ${{ github.run_id }} ${{ matrix.cell }}")
+    assert gpu["steps"][-1]["env"] == {"TORCH_IMAGES_SIGNING_KEY": "${{ secrets.TORCH_IMAGES_SIGNING_KEY }}"}
     assert github["jobs"]["promote"]["needs"] == ["cell", "gpu"]
     gitlab = yaml.safe_load(ci.workflow(grid, "gitlab"))
     job = gitlab["gpu 2.15.0-cu13.2-bookworm-runtime-arm64"]

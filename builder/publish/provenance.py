@@ -1,0 +1,248 @@
+"""Signed attestations: the image's SLSA v1 provenance and its self-test reports as in-toto
+statements, each in a DSSE envelope signed with a key the team holds, attached to the image's
+digest as referrers beside the SBOM.
+
+Maintained libraries do the work: in-toto's attestation library builds and validates the
+statements (`in_toto_attestation`), securesystemslib makes and checks the DSSE envelopes with
+`cryptography`'s keys. `verify_envelope` also checks each signature a second way, with
+`cryptography` alone over DSSE's pre-authentication encoding, so that a fault in one
+implementation does not pass an envelope the other refuses. No crypto is written here.
+
+Keyless signing (Sigstore: an OIDC identity, Fulcio's certificate, Rekor's log) needs services
+these machines cannot reach; a `Signer` from securesystemslib's sigstore module would take the
+key's place in `sign`, and its bundle the envelope's, without changing the statements.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+from google.protobuf import json_format
+from in_toto_attestation.predicates.provenance.v1 import provenance_pb2
+from in_toto_attestation.v1.resource_descriptor import ResourceDescriptor
+from in_toto_attestation.v1.statement import Statement
+from securesystemslib import dsse
+from securesystemslib.exceptions import VerificationError
+from securesystemslib.signer import CryptoSigner, SSlibKey
+
+from builder import paths
+from builder.errors import UserError
+from builder.plan.cell import Cell
+
+PAYLOAD_TYPE = "application/vnd.in-toto+json"
+ENVELOPE_TYPE = "application/vnd.dsse.envelope.v1+json"  # the referrer's artifactType
+PROVENANCE = "https://slsa.dev/provenance/v1"
+SELFTEST = "https://torch-images.invalid/selftest/v1"  # this project's predicate: a self-test report
+BUILD_TYPE = "https://torch-images.invalid/build/v1"
+PREDICATE_ANNOTATION = "io.torch-images.predicate-type"
+KEY_ENVIRONMENT = "TORCH_IMAGES_SIGNING_KEY"  # a PEM private key, for CI's secret store
+MAX_KEY_BYTES = 64 << 10
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What a statement is about: one image manifest, by digest, carrying its image ID."""
+
+    name: str  # registry/repository
+    digest: str  # sha256:<hex> of the manifest
+    image_id: str  # the config digest, which recompression does not change
+    build_id: str
+
+
+def _descriptor(name: str, digest: str, annotations: dict[str, str] | None = None) -> Any:
+    algorithm, _, value = digest.partition(":")
+    found = ResourceDescriptor(name=name, digest={algorithm: value}, annotations=annotations or {})
+    found.validate()
+    return found.pb
+
+
+def _file_descriptor(name: str, path: Path) -> Any:
+    return _descriptor(name, "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest())
+
+
+def build_inputs(cell: Cell) -> dict[str, Path]:
+    """Every input of the image, by the name the provenance gives it: the cell's locks (the
+    Debian lock holds the base's package list), its Dockerfile and spec (the matrix entry), the
+    templates it was rendered from, and the self-test files that ship in it."""
+    inputs = {f"images/{cell.name}/{path.name}": path for path in sorted(cell.directory.glob("*.lock"))}
+    for name in ("Dockerfile", "spec.json"):
+        inputs[f"images/{cell.name}/{name}"] = cell.file(name)
+    for path in sorted(paths.TEMPLATES.rglob("*")):
+        relative = path.relative_to(paths.TEMPLATES)
+        if path.is_file() and relative.parts[0] != "ci":  # the CI templates make no image
+            inputs[f"templates/{relative.as_posix()}"] = path
+    inputs["image/selftest.py"], inputs["image/gpu_peaks.json"] = paths.SELFTEST, paths.GPU_PEAKS
+    return inputs
+
+
+def provenance_statement(subject: Subject, cell: Cell, builder_version: str) -> dict[str, Any]:
+    """An in-toto statement with the SLSA v1 provenance predicate for the image."""
+    provenance = provenance_pb2.Provenance()
+    definition = provenance.build_definition
+    definition.build_type = BUILD_TYPE
+    matrix_entry = json.loads(cell.file("spec.json").read_text())  # the matrix entry, as rendered and committed
+    definition.external_parameters.update({"cell": cell.name, "matrixEntry": matrix_entry})
+    definition.internal_parameters.update({"buildId": subject.build_id, "imageId": subject.image_id})
+    definition.resolved_dependencies.extend(_file_descriptor(n, p) for n, p in build_inputs(cell).items())
+    provenance.run_details.builder.id = BUILD_TYPE.removesuffix("/build/v1") + "/builder"
+    provenance.run_details.builder.version["torch-images"] = builder_version
+    provenance.run_details.metadata.invocation_id = subject.build_id
+    predicate = json_format.MessageToDict(provenance)
+    return _statement(subject, PROVENANCE, predicate)
+
+
+def selftest_statement(subject: Subject, report: dict[str, Any]) -> dict[str, Any]:
+    """A self-test report as an in-toto statement about the same image."""
+    return _statement(subject, SELFTEST, {k: v for k, v in report.items() if k != "table"})
+
+
+def _statement(subject: Subject, predicate_type: str, predicate: dict[str, Any]) -> dict[str, Any]:
+    annotations = {"imageId": subject.image_id, "buildId": subject.build_id}
+    statement = Statement([_descriptor(subject.name, subject.digest, annotations)], predicate_type, predicate)
+    statement.validate()
+    document: dict[str, Any] = json_format.MessageToDict(statement.pb, preserving_proto_field_name=False)
+    return document
+
+
+# ---------------------------------------------------------------- keys and envelopes
+
+
+def load_signer(path: Path | None) -> CryptoSigner | None:
+    """The team's private key (Ed25519 or ECDSA P-256, PEM, unencrypted: CI's secret store keeps
+    it): from `--sign-key FILE`, else from TORCH_IMAGES_SIGNING_KEY; None when neither is set."""
+    if path is not None:
+        try:
+            data, where = path.read_bytes()[: MAX_KEY_BYTES + 1], str(path)
+        except OSError as error:
+            raise UserError(f"--sign-key {path}: cannot read it ({error.strerror})") from None
+    elif os.environ.get(KEY_ENVIRONMENT):
+        data, where = os.environ[KEY_ENVIRONMENT].encode(), KEY_ENVIRONMENT
+    else:
+        return None
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        raise UserError(
+            f"{where}: not an unencrypted PEM private key; write an Ed25519 or ECDSA P-256 key "
+            "(openssl genpkey -algorithm ed25519 -out signing.pem)"
+        ) from None
+    if not isinstance(key, ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey):
+        raise UserError(f"{where}: a {type(key).__name__}; write an Ed25519 or ECDSA P-256 key")
+    return CryptoSigner(key)
+
+
+def load_public_key(path: Path) -> SSlibKey:
+    try:
+        data = path.read_bytes()[: MAX_KEY_BYTES + 1]
+        key = serialization.load_pem_public_key(data)
+        return SSlibKey.from_crypto(key)
+    except OSError as error:
+        raise UserError(f"--key {path}: cannot read it ({error.strerror})") from None
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        raise UserError(f"--key {path}: not a PEM public key (openssl pkey -in signing.pem -pubout)") from None
+
+
+def sign(statement: dict[str, Any], signer: CryptoSigner) -> bytes:
+    payload = json.dumps(statement, sort_keys=True, separators=(",", ":")).encode()
+    envelope = dsse.Envelope(payload=payload, payload_type=PAYLOAD_TYPE, signatures={})
+    envelope.sign(signer)
+    return json.dumps(envelope.to_dict(), sort_keys=True).encode()
+
+
+def pae(payload_type: str, payload: bytes) -> bytes:
+    """DSSE's pre-authentication encoding, as its specification writes it."""
+    kind = payload_type.encode()
+    return b"DSSEv1 %d %s %d %s" % (len(kind), kind, len(payload), payload)
+
+
+def verify_envelope(document: dict[str, Any], key: SSlibKey) -> dict[str, Any]:
+    """The statement inside a DSSE envelope that `key` signed; UserError (one line) otherwise.
+    The signature is checked by securesystemslib and, independently, by `cryptography` over PAE."""
+    try:
+        envelope = dsse.Envelope.from_dict(copy.deepcopy(document))  # from_dict consumes what it reads
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise UserError("not a DSSE envelope") from None
+    if envelope.payload_type != PAYLOAD_TYPE:
+        raise UserError(f"the envelope's payload is {envelope.payload_type[:60]!r}, not an in-toto statement")
+    try:
+        envelope.verify([key], 1)
+    except VerificationError:
+        raise UserError("its signature does not verify with the given key") from None
+    if not _independently_signed(envelope, key):
+        raise UserError("its signature does not verify with the given key (second check)")
+    try:
+        statement = json.loads(envelope.payload)
+        parsed = Statement([], "", {})
+        json_format.ParseDict(statement, parsed.pb)
+        parsed.validate()
+    except (ValueError, json_format.ParseError):
+        raise UserError("its payload is not a valid in-toto statement") from None
+    if not isinstance(statement, dict):
+        raise UserError("its payload is not a valid in-toto statement")
+    return statement
+
+
+def _independently_signed(envelope: dsse.Envelope, key: SSlibKey) -> bool:
+    public = serialization.load_pem_public_key(key.keyval["public"].encode()) if key.keytype != "ed25519" else None
+    if key.keytype == "ed25519":
+        public = ed25519.Ed25519PublicKey.from_public_bytes(bytes.fromhex(key.keyval["public"]))
+    message = pae(envelope.payload_type, envelope.payload)
+    for signature in envelope.signatures.values():
+        if signature.keyid != key.keyid:
+            continue
+        raw = bytes.fromhex(signature.signature)
+        try:
+            if isinstance(public, ed25519.Ed25519PublicKey):
+                public.verify(raw, message)
+            elif isinstance(public, ec.EllipticCurvePublicKey):
+                public.verify(raw, message, ec.ECDSA(hashes.SHA256()))
+            else:
+                return False
+            return True
+        except InvalidSignature:
+            return False
+    return False
+
+
+def envelope_payload(document: dict[str, Any]) -> bytes:
+    """The payload of an envelope, unverified (for listing only)."""
+    return base64.b64decode(str(document.get("payload", "")), validate=False)
+
+
+# ---------------------------------------------------------------- attaching
+
+
+def builder_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch-images")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def attested(registry: Any, repository: str, digest: str) -> list[dict[str, Any]]:
+    """The attestation envelopes' referrer entries on `digest` (signature unchecked)."""
+    entries: list[dict[str, Any]] = registry.referrers(repository, digest, ENVELOPE_TYPE)
+    return entries
+
+
+def attach(
+    registry: Any, repository: str, subject_manifest: Any, tag: str, statement: dict[str, Any], signer: CryptoSigner
+) -> str:
+    """Sign `statement` and attach its envelope to the manifest, under `tag` too."""
+    annotations = {PREDICATE_ANNOTATION: str(statement["predicateType"])}
+    digest: str = registry.push_artifact(
+        repository, tag, sign(statement, signer), ENVELOPE_TYPE, annotations, subject_manifest
+    )
+    return digest

@@ -1,0 +1,144 @@
+"""Signed attestations (builder/publish/provenance.py): in-toto statements in DSSE envelopes, with
+real keys (Ed25519 and ECDSA P-256 made by `cryptography`) and both verifiers."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
+from in_toto_attestation.v1.statement import Statement
+from securesystemslib import dsse
+from securesystemslib.signer import CryptoSigner
+
+from builder.errors import UserError
+from builder.plan.matrix import load_matrix
+from builder.publish import provenance
+
+REPO = Path(__file__).resolve().parents[2]
+CELL = "2.13.0-cpu-bookworm-runtime"
+SUBJECT = provenance.Subject("127.0.0.1:5000/torch", "sha256:" + "a" * 64, "sha256:" + "b" * 64, "c" * 32)
+GENERATORS = [CryptoSigner.generate_ed25519, CryptoSigner.generate_ecdsa]
+
+
+@pytest.fixture(scope="module")
+def statement() -> dict[str, Any]:
+    grid = load_matrix(REPO / "matrix.yaml")
+    return provenance.provenance_statement(SUBJECT, grid.cell(CELL), "0.1.0")
+
+
+def test_the_provenance_names_the_digest_the_image_and_every_input_by_its_sha256(statement: dict[str, Any]) -> None:
+    assert statement["_type"] == "https://in-toto.io/Statement/v1"
+    assert statement["predicateType"] == "https://slsa.dev/provenance/v1"
+    [subject] = statement["subject"]
+    assert subject["digest"] == {"sha256": "a" * 64}
+    assert subject["annotations"] == {"imageId": SUBJECT.image_id, "buildId": SUBJECT.build_id}
+    definition = statement["predicate"]["buildDefinition"]
+    assert definition["internalParameters"] == {"buildId": SUBJECT.build_id, "imageId": SUBJECT.image_id}
+    inputs = {d["name"]: d["digest"]["sha256"] for d in definition["resolvedDependencies"]}
+    for name in ("requirements.lock", "debian.lock", "Dockerfile", "spec.json"):
+        path = REPO / "images" / CELL / name
+        assert inputs[f"images/{CELL}/{name}"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert "templates/Dockerfile.j2" in inputs and "image/selftest.py" in inputs and "image/gpu_peaks.json" in inputs
+    assert not any(name.startswith("templates/ci/") for name in inputs)  # the CI templates make no image
+    assert definition["externalParameters"]["matrixEntry"] == json.loads(
+        (REPO / "images" / CELL / "spec.json").read_text()
+    )
+
+
+@pytest.mark.parametrize("generate", GENERATORS)
+def test_a_signed_statement_verifies_with_its_key_through_both_verifiers(
+    generate: Any, statement: dict[str, Any]
+) -> None:
+    signer = generate()
+    envelope = json.loads(provenance.sign(statement, signer))
+    assert provenance.verify_envelope(envelope, signer.public_key) == statement
+    assert "sig" in envelope["signatures"][0]  # verifying read the envelope without consuming it
+    parsed = dsse.Envelope.from_dict(envelope)
+    # the two encodings agree, and the second verifier alone accepts the signature
+    assert provenance.pae(parsed.payload_type, parsed.payload) == parsed.pae()
+    assert provenance._independently_signed(parsed, signer.public_key)
+
+
+@pytest.mark.parametrize("generate", GENERATORS)
+def test_a_flipped_byte_a_wrong_key_or_a_forged_signature_fails_in_one_line(
+    generate: Any, statement: dict[str, Any]
+) -> None:
+    signer, other = generate(), generate()
+    envelope = json.loads(provenance.sign(statement, signer))
+    payload = bytearray(base64.b64decode(envelope["payload"]))
+    payload[payload.index(b"a" * 64)] ^= 1  # one bit of the subject's digest
+    flipped = {**envelope, "payload": base64.b64encode(bytes(payload)).decode()}
+    signature = bytearray(base64.b64decode(envelope["signatures"][0]["sig"]))
+    signature[-1] ^= 1
+    forged = {
+        **envelope,
+        "signatures": [{**envelope["signatures"][0], "sig": base64.b64encode(bytes(signature)).decode()}],
+    }
+    for document, key in ((flipped, signer.public_key), (envelope, other.public_key), (forged, signer.public_key)):
+        with pytest.raises(UserError, match=r"^its signature does not verify with the given key"):
+            provenance.verify_envelope(document, key)
+
+
+def test_the_second_verifier_refuses_on_its_own_a_signature_over_the_bare_payload(statement: dict[str, Any]) -> None:
+    key = ed25519.Ed25519PrivateKey.generate()
+    signer = CryptoSigner(key)
+    parsed = dsse.Envelope.from_dict(json.loads(provenance.sign(statement, signer)))
+    [entry] = parsed.signatures.values()
+    entry.signature = key.sign(parsed.payload).hex()  # signed, but not over DSSE's encoding
+    assert not provenance._independently_signed(parsed, signer.public_key)
+
+
+def test_an_envelope_whose_payload_is_not_a_statement_is_refused(statement: dict[str, Any]) -> None:
+    signer = CryptoSigner.generate_ed25519()
+    envelope = dsse.Envelope(payload=b'{"_type": "x"}', payload_type=provenance.PAYLOAD_TYPE, signatures={})
+    envelope.sign(signer)
+    with pytest.raises(UserError, match="not a valid in-toto statement"):
+        provenance.verify_envelope(envelope.to_dict(), signer.public_key)
+    with pytest.raises(UserError, match="not a DSSE envelope"):
+        provenance.verify_envelope({"payload": 3}, signer.public_key)
+    other_type = dsse.Envelope(payload=b"{}", payload_type="text/plain", signatures={})
+    other_type.sign(signer)
+    with pytest.raises(UserError, match="not an in-toto statement"):
+        provenance.verify_envelope(other_type.to_dict(), signer.public_key)
+    Statement([], "", {})  # the library the verifier validates with is the one the builder builds with
+
+
+def test_a_self_test_report_becomes_a_statement_about_the_same_image() -> None:
+    report = {"status": "pass", "image_id": SUBJECT.image_id, "device": "cpu", "checks": [], "table": "x"}
+    statement = provenance.selftest_statement(SUBJECT, report)
+    assert statement["predicateType"] == provenance.SELFTEST and "table" not in statement["predicate"]
+    assert statement["subject"][0]["annotations"]["imageId"] == SUBJECT.image_id
+
+
+def test_keys_are_read_from_a_file_or_the_environment_and_a_bad_one_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = ed25519.Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    (tmp_path / "signing.pem").write_bytes(pem)
+    monkeypatch.delenv(provenance.KEY_ENVIRONMENT, raising=False)
+    assert provenance.load_signer(None) is None
+    assert provenance.load_signer(tmp_path / "signing.pem") is not None
+    monkeypatch.setenv(provenance.KEY_ENVIRONMENT, pem.decode())
+    signer = provenance.load_signer(None)
+    assert signer is not None
+    public = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    (tmp_path / "signing.pub").write_bytes(public)
+    assert provenance.load_public_key(tmp_path / "signing.pub").keyid == signer.public_key.keyid
+    (tmp_path / "junk.pem").write_text("not a key\n")
+    with pytest.raises(UserError, match=r"junk.pem: not an unencrypted PEM private key; write an Ed25519"):
+        provenance.load_signer(tmp_path / "junk.pem")
+    with pytest.raises(UserError, match="not a PEM public key"):
+        provenance.load_public_key(tmp_path / "junk.pem")
+    rsa_pem = rsa.generate_private_key(65537, 2048).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    (tmp_path / "rsa.pem").write_bytes(rsa_pem)
+    with pytest.raises(UserError, match="RSAPrivateKey; write an Ed25519 or ECDSA P-256 key"):
+        provenance.load_signer(tmp_path / "rsa.pem")
