@@ -1,4 +1,4 @@
-"""Sessions: build (the main job), tests, lint, smoke, publish, bench, repro, engine.
+"""Sessions: build (the main job), tests, lint, smoke, publish, audit, update, bench, repro, engine.
 
 Each session installs the builder into its own virtual environment and calls
 `python -m builder ...`; the logic lives in builder/, not here.
@@ -49,6 +49,20 @@ def publish(session: nox.Session) -> None:
     """Push cells whose self-test passed for that exact image ID (`-- CELL ...`)."""
     _install(session)
     session.run("python", "-m", "builder", "publish", *session.posargs)
+
+
+@nox.session
+def audit(session: nox.Session) -> None:
+    """Locked packages a security fix has since replaced (`-- --osv DIR`, `--json`, `--fail-on`)."""
+    _install(session)
+    session.run("python", "-m", "builder", "audit", *session.posargs)
+
+
+@nox.session
+def update(session: nox.Session) -> None:
+    """Regenerate what the matrix generates (`-- --security`: only the packages with fixes)."""
+    _install(session)
+    session.run("python", "-m", "builder", "update", *session.posargs)
 
 
 @nox.session

@@ -8,6 +8,7 @@ import os
 import sys
 
 from builder.commands import (
+    audit,
     build,
     bundle,
     ci,
@@ -28,7 +29,7 @@ from builder.config import schema
 from builder.errors import EXIT_USER_ERROR, UserError
 
 # In the order `--help` lists them.
-COMMANDS = (plan, lock, render, build, publish, verify, ci, repro, bundle, size, smoke, engine, compat, update)
+COMMANDS = (plan, lock, render, build, publish, verify, ci, audit, repro, bundle, size, smoke, engine, compat, update)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -52,9 +52,11 @@ def release_file(base: BaseImage, packages: bytes) -> str:
 
 def fetch(house: Wheelhouse, base: BaseImage, files: Iterable[ArchiveFile]) -> list[tuple[Path, str]]:
     """Each .deb in the cache, checked against its locked sha256 (downloaded from the base's
-    mirror only when missing)."""
+    mirror, or its security archive, only when missing)."""
     refs = [
-        FileRef(posixpath.basename(f.path), posixpath.basename(f.path), f"{base.mirror}/{f.path}", f.sha256)
+        FileRef(
+            posixpath.basename(f.path), posixpath.basename(f.path), f"{base.mirror_of(f.source)}/{f.path}", f.sha256
+        )
         for f in files
     ]
     return [(house.fetch(ref), ref.sha256) for ref in refs]

@@ -37,12 +37,21 @@ def add(register: Register) -> None:
         "REGISTRY_USER and REGISTRY_PASSWORD; ghcr.io uses the workflow's GITHUB_TOKEN). Default: GHCR under the "
         "repository's owner (github), the project's own registry (gitlab)",
     )
+    ci_cmd.add_argument(
+        "--schedule",
+        action="store_true",
+        help="print the daily security workflow instead: audit, update --security, and a pull (merge) request when "
+        "a lock moved (GitHub: .github/workflows/torch-images-security.yml; GitLab: a file to include)",
+    )
     ci_cmd.add_argument("--output", metavar="FILE", help="write the workflow there (default: standard output)")
     ci_cmd.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    text = ci.workflow(grid_of(args), args.system, args.registry, args.cells)
+    grid = grid_of(args)
+    text = (
+        ci.schedule(grid, args.system) if args.schedule else ci.workflow(grid, args.system, args.registry, args.cells)
+    )
     if args.output:
         Path(args.output).write_text(text)
         console.print(f"wrote {args.output}")

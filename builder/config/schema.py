@@ -48,6 +48,11 @@ class KeyringSpec(Strict):
     file: RelativeDir  # inside the package, e.g. usr/share/keyrings/ubuntu-archive-keyring.gpg
 
 
+class SecuritySource(Strict):
+    mirror: HttpUrl
+    suite: Name
+
+
 class BootstrapSpec(Strict):
     tool: Literal["mmdebstrap", "debootstrap"] = "mmdebstrap"
     mirror: HttpUrl
@@ -64,6 +69,9 @@ class BootstrapSpec(Strict):
     # the hook, so bookworm's init-system-helpers takes usr-is-merged instead of usrmerge, which
     # would pull perl (about 45 MB) into the base; debian:bookworm-slim is made the same way.
     hooks: list[Literal["merged-usr"]] = []
+    # Where the distro publishes its security fixes, when not among the suites above (Debian's
+    # security archive is another tree: debian-security, <suite>-security). `audit` reads it.
+    security: SecuritySource | None = None
 
 
 class BaseSpec(Strict):

@@ -13,6 +13,7 @@ archive ourselves keeps the image ID a function of the root filesystem alone.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -39,9 +40,10 @@ def ensure(engine: docker.DockerClient, base: BaseImage, epoch: int, report: Rep
 
     `image` pins a multi-arch index by digest: it is pulled for the base's own platform, and a
     local image under that name is used only if it is of the base's architecture."""
-    for reference in (base.local_tag, base.image):
-        if reference is not None and _present(engine, reference, base.arch):
-            return reference
+    if _present(engine, base.local_tag, base.arch) and _reads_its_sources(engine, base):
+        return base.local_tag
+    if base.image is not None and _present(engine, base.image, base.arch):
+        return base.image
     if base.image is not None and os.environ.get("TORCH_IMAGES_NO_PULL") != "1":
         try:
             platform = base.platform.name
@@ -133,9 +135,7 @@ def _run_locked_bootstrap(base: BaseImage, packages: LockedPackages, epoch: int,
     # The image keeps the distro's own sources (apt in the image and in images built FROM it
     # reaches the mirror), not the local repository's; and no keyring copied from the host
     # (mmdebstrap copies the host's), only those the locked packages install.
-    mirror_lines = " ".join(
-        f"'deb {base.mirror} {suite} {' '.join(base.components)}'" for suite in (base.suite, *base.extra_suites)
-    )
+    mirror_lines = " ".join(f"'deb {mirror} {suite} {' '.join(base.components)}'" for mirror, suite in base.sources())
     own_sources = f'printf "%s\\n" {mirror_lines} > "$1/etc/apt/sources.list"'
     own_keys = (
         'for key in "$1"/etc/apt/trusted.gpg.d/*; do [ -e "$key" ] || continue; '
@@ -174,14 +174,37 @@ def run_bootstrap_tool(command: list[str], epoch: int) -> subprocess.CompletedPr
     return subprocess.run(command, env={**os.environ, **environment}, capture_output=True, text=True, check=False)
 
 
-def _load_rootfs(engine: docker.DockerClient, base: BaseImage, epoch: int, rootfs: Path, tag: str) -> str:
+def _load_rootfs(
+    engine: docker.DockerClient,
+    base: BaseImage,
+    epoch: int,
+    rootfs: Path,
+    tag: str,
+    extra: dict[str, str] | None = None,
+) -> str:
     """Load a root filesystem as a one-layer image with fixed times; returns the image ID."""
     diff_id = "sha256:" + digests.sha256_file(rootfs)
-    labels = {"base": base.name, "suite": base.suite}
+    labels = {"base": base.name, "suite": base.suite, **(extra or {})}
     history = [f"bootstrap {base.suite}" + ("" if base.arch == "amd64" else f" {base.arch}")]
     config = archive.image_config([diff_id], epoch, labels, history, base.arch)
     images = archive.load(engine, config, [(diff_id, rootfs)], tag, epoch)
     return str(images[0].id)
+
+
+SOURCES_LABEL = "io.torch-images.sources"
+
+
+def sources_key(base: BaseImage) -> str:
+    """A name for the suites a base bootstrapped from the mirror reads (its sources.list)."""
+    listing = "\n".join(f"{mirror} {suite} {' '.join(base.components)}" for mirror, suite in base.sources())
+    return hashlib.sha256(listing.encode()).hexdigest()[:16]
+
+
+def _reads_its_sources(engine: docker.DockerClient, base: BaseImage) -> bool:
+    """A base bootstrapped from the mirror resolves `lock`'s packages with the apt sources it was
+    made with: one made before the matrix named another suite (the security archive) is made again."""
+    labels = engine.images.get(base.local_tag).labels or {}
+    return labels.get(SOURCES_LABEL) == sources_key(base)
 
 
 def _present(engine: docker.DockerClient, reference: str, arch: str) -> bool:
@@ -204,7 +227,7 @@ def bootstrap(engine: docker.DockerClient, base: BaseImage, epoch: int, report: 
         emulation.ensure(base.arch, report)
         report(f"bootstrapping {base.distro} {base.suite} ({base.arch}) with {base.bootstrap_tool}")
         _run_bootstrap(base, epoch, rootfs, Path(scratch))
-        image_id = _load_rootfs(engine, base, epoch, rootfs, base.local_tag)
+        image_id = _load_rootfs(engine, base, epoch, rootfs, base.local_tag, {SOURCES_LABEL: sources_key(base)})
     report(f"loaded {base.local_tag} ({image_id[:19]})")
     return image_id
 
@@ -225,18 +248,21 @@ def _run_bootstrap(base: BaseImage, epoch: int, rootfs: Path, scratch: Path) -> 
         extra.append(f"--keyring={keyring_file(base.keyring, scratch)}")
     if base.bootstrap_tool == "mmdebstrap":
         mode = mode_for_bootstrap()
-        # One sources line per suite when there are several; the image's apt keeps them.
-        suites = [base.suite, *base.extra_suites]
-        sources = [f"deb {base.mirror} {suite} {' '.join(base.components)}" for suite in suites]
+        # One sources line per suite when there are several (the security archive's included);
+        # the image's apt keeps them.
+        several = len(base.sources()) > 1
+        sources = [f"deb {mirror} {suite} {' '.join(base.components)}" for mirror, suite in base.sources()]
         command = [
             tool, f"--variant={base.variant}", f"--mode={mode}", "--format=tar", f"--components={components}",
             *extra, *hook_options(base), "--quiet", base.suite, str(rootfs),
-            *(sources if base.extra_suites else [base.mirror]),
+            *(sources if several else [base.mirror]),
         ]  # fmt: skip
         result = run_bootstrap_tool(command, epoch)
     else:
-        if base.extra_suites or base.hooks:
-            raise UserError(f"base {base.name}: extra_suites and hooks need mmdebstrap (debootstrap has neither)")
+        if base.extra_suites or base.hooks or base.security:
+            raise UserError(
+                f"base {base.name}: extra_suites, hooks and security need mmdebstrap (debootstrap has none)"
+            )
         target = scratch / "root"
         command = [
             tool,

@@ -34,4 +34,4 @@ def as_root(command: list[str], environment: dict[str, str] | None = None) -> li
     if prefix is None:
         return None
     settings = [f"{name}={value}" for name, value in (environment or {}).items()]
-    return [*prefix, "env", *settings, *command] if prefix else command
+    return [*prefix, "env", *settings, *command]  # env: as root too, so the settings always apply

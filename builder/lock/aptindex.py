@@ -11,10 +11,12 @@ package). Indexes are cached by their sha256, so locking many cells of one base 
 
 from __future__ import annotations
 
+import email.utils
 import io
 import lzma
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +35,7 @@ DEBIAN_KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
 class ArchiveFile:
     path: str  # under the mirror's root: pool/main/g/gcc-12/gcc-12_12.2.0-14_amd64.deb
     sha256: str
+    source: str = ""  # "" the release's mirror, "security" the security archive (BaseImage.mirror_of)
 
 
 Index = dict[str, ArchiveFile]  # "package=version" -> its file
@@ -55,17 +58,36 @@ def _keyring(base: BaseImage, scratch: Path) -> Path:
     return DEBIAN_KEYRING
 
 
-def signed_release(base: BaseImage, suite: str, scratch: Path) -> str:
-    """The suite's Release text, after gpgv checked InRelease's signature."""
+def signed_release(base: BaseImage, suite: str, scratch: Path, mirror: str | None = None) -> str:
+    """The suite's Release text, after gpgv checked InRelease's signature, and, where it says
+    until when it is valid (security archives do), that it still is: a mirror that stopped
+    updating would otherwise read as "no new fixes"."""
+    mirror = mirror or base.mirror
     signed = scratch / f"{suite}.InRelease"
-    _download(f"{base.mirror}/dists/{suite}/InRelease", signed)
+    _download(f"{mirror}/dists/{suite}/InRelease", signed)
     keyring = _keyring(base, scratch)
     result = subprocess.run(
         ["gpgv", "--keyring", str(keyring), "--output", "-", str(signed)], capture_output=True, check=False
     )
     if result.returncode != 0:
-        raise UserError(f"{base.mirror}/dists/{suite}/InRelease: its signature does not verify with {keyring}")
-    return result.stdout.decode()
+        raise UserError(f"{mirror}/dists/{suite}/InRelease: its signature does not verify with {keyring}")
+    release = result.stdout.decode()
+    check_valid_until(release, f"{mirror}/dists/{suite}/InRelease")
+    return release
+
+
+def check_valid_until(release: str, where: str, now: float | None = None) -> None:
+    """Refuse a signed Release whose Valid-Until has passed (one line, with the date)."""
+    stanza = deb822.Release(release)
+    text = stanza.get("Valid-Until")
+    if not text:
+        return
+    try:
+        until = email.utils.parsedate_to_datetime(text).timestamp()
+    except (TypeError, ValueError):
+        raise UserError(f"{where}: Valid-Until {text[:60]!r} is not a date") from None
+    if (time.time() if now is None else now) > until:
+        raise UserError(f"{where} expired on {text} (Valid-Until): the mirror is stale; use another mirror")
 
 
 def listed_sha256(release: str, name: str) -> str | None:
@@ -80,48 +102,68 @@ def listed_sha256(release: str, name: str) -> str | None:
     return None
 
 
-def _packages_file(base: BaseImage, suite: str, component: str, release: str) -> Path:
+def _packages_file(base: BaseImage, suite: str, component: str, release: str, mirror: str | None = None) -> Path:
     """The component's Packages.xz for the base's architecture, from the cache or the mirror,
     checked against the sha256 the signed Release lists."""
+    mirror = mirror or base.mirror
     name = f"{component}/binary-{base.arch}/Packages.xz"
     expected = listed_sha256(release, name)
     if expected is None:
-        raise UserError(f"{base.mirror} {suite} lists no {name}; check the base's suite, components and platform")
+        raise UserError(f"{mirror} {suite} lists no {name}; check the base's suite, components and platform")
     cached = paths.cache_dir("apt-indexes") / expected / "Packages.xz"
     if cached.is_file() and digests.sha256_file(cached) == expected:
         return cached
     cached.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=cached.parent, delete=False, prefix=".part-") as part:
         partial = Path(part.name)
-    _download(f"{base.mirror}/dists/{suite}/{name}", partial)
+    _download(f"{mirror}/dists/{suite}/{name}", partial)
     actual = digests.sha256_file(partial)
     if actual != expected:
         partial.unlink()
-        raise UserError(f"{base.mirror}/dists/{suite}/{name} has sha256 {actual}; its signed Release says {expected}")
+        raise UserError(f"{mirror}/dists/{suite}/{name} has sha256 {actual}; its signed Release says {expected}")
     partial.replace(cached)
     return cached
 
 
-def parse_packages(text: str) -> Index:
+def parse_packages(text: str, source: str = "") -> Index:
     """`package=version` -> file, for every stanza of a Packages index."""
     found: Index = {}
     for stanza in deb822.Packages.iter_paragraphs(io.StringIO(text), use_apt_pkg=False):
-        found[f"{stanza['Package']}={stanza['Version']}"] = ArchiveFile(stanza["Filename"], stanza["SHA256"])
+        found[f"{stanza['Package']}={stanza['Version']}"] = ArchiveFile(stanza["Filename"], stanza["SHA256"], source)
     return found
 
 
 def archive_index(base: BaseImage) -> Index:
-    """Every package the base's suites and components offer for its architecture. A package in
-    several suites (jammy and jammy-updates) has the same file in each: one pool per mirror."""
+    """Every package the base's suites and components offer for its architecture, the security
+    archive's included. A package in several suites (jammy and jammy-updates) has the same file
+    in each: one pool per mirror; one the release mirror also has is taken from there."""
     found: Index = {}
     with tempfile.TemporaryDirectory(prefix="torch-images-apt-") as scratch:
         Path(scratch).chmod(0o755)
+        if base.security is not None and base.security[0] != base.mirror:
+            found.update(_suite_packages(base, base.security[0], base.security[1], Path(scratch), "security"))
         for suite in (base.suite, *base.extra_suites):
-            release = signed_release(base, suite, Path(scratch))
-            for component in base.components:
-                with lzma.open(_packages_file(base, suite, component, release)) as xz:
-                    found.update(parse_packages(xz.read().decode()))
+            found.update(_suite_packages(base, base.mirror, suite, Path(scratch), ""))
     return found
+
+
+def _suite_packages(base: BaseImage, mirror: str, suite: str, scratch: Path, source: str) -> Index:
+    found: Index = {}
+    release = signed_release(base, suite, scratch, mirror)
+    for component in base.components:
+        if source and listed_sha256(release, f"{component}/binary-{base.arch}/Packages.xz") is None:
+            continue  # a security suite may carry fewer components than the release
+        with lzma.open(_packages_file(base, suite, component, release, mirror)) as xz:
+            found.update(parse_packages(xz.read().decode(), source))
+    return found
+
+
+def suite_index(base: BaseImage, mirror: str, suite: str) -> Index:
+    """Every package one suite of a mirror offers for the base's architecture (a security
+    archive, say), from its signed index."""
+    with tempfile.TemporaryDirectory(prefix="torch-images-apt-") as scratch:
+        Path(scratch).chmod(0o755)
+        return _suite_packages(base, mirror, suite, Path(scratch), "security")
 
 
 def files_of(index: Index, pins: Iterable[str], base: BaseImage) -> dict[str, ArchiveFile]:

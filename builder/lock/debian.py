@@ -56,7 +56,7 @@ class DebianLock:
 
     def text(self, fingerprint: str) -> str:
         body: dict[str, object] = {"base": list(self.base), "common": list(self.common), "flavor": list(self.flavor)}
-        body["files"] = {pin: f"{self.files[pin].path} {self.files[pin].sha256}" for pin in sorted(self.files)}
+        body["files"] = {pin: _file_text(self.files[pin]) for pin in sorted(self.files)}
         return with_header(fingerprint, json.dumps(body, indent=1) + "\n")
 
     def files_of(self, pins: tuple[str, ...]) -> list[ArchiveFile]:
@@ -102,22 +102,31 @@ class DebianLock:
         return cls(groups[1], groups[2], groups[0], files, header.fingerprint, header.content_matches)
 
 
+SECURITY = "security"  # a file's source word in the lock: from the base's security archive
+
+
+def _file_text(file: ArchiveFile) -> str:
+    return f"{file.source + ' ' if file.source else ''}{file.path} {file.sha256}"
+
+
 def _read_files(entries: object, path: Path, line_of: Callable[[str], Location]) -> dict[str, ArchiveFile]:
-    """ "files": each pin's archive path and sha256, checked by their grammars (they reach a
-    Packages index the builds' apt reads, and name the files the cache fetches)."""
+    """ "files": each pin's archive path and sha256, after the word `security` for a file of the
+    base's security archive, checked by their grammars (they reach a Packages index the builds'
+    apt reads, and name the files the cache fetches)."""
     if not isinstance(entries, dict):
         raise UserError('"files" must map each "package=version" to "pool/<path>.deb <sha256>"', path)
     files = {}
     for pin, value in entries.items():
         fields = value.split(" ") if isinstance(value, str) else []
+        source = fields.pop(0) if len(fields) == 3 and fields[0] == SECURITY else ""
         if len(fields) != 2 or not grammar.DEBIAN_POOL_PATH.matches(fields[0]) or not grammar.SHA256.matches(fields[1]):
             shown = str(value)[:80]
             raise UserError(
                 f"{pin}: {shown!r} is not an archive file; write {grammar.DEBIAN_POOL_PATH.hint}, a space and its "
-                f"sha256 ({grammar.SHA256.hint})",
+                f"sha256 ({grammar.SHA256.hint}), after the word {SECURITY} for the security archive's",
                 line_of(pin),
             )
-        files[pin] = ArchiveFile(fields[0], fields[1])
+        files[pin] = ArchiveFile(fields[0], fields[1], source)
     return files
 
 
@@ -130,6 +139,8 @@ def fingerprint(cell: Cell) -> str:
         base.append(cell.base.arch)
     if cell.base.hooks:
         base.append(["hooks", *cell.base.hooks])
+    if cell.base.security:
+        base.append(["security", *cell.base.security])
     inputs = {
         "base": base,
         "common": list(table.common_system(cell.python)),

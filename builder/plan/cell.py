@@ -35,6 +35,17 @@ class BaseImage:
     hooks: tuple[str, ...] = ()  # mmdebstrap hook folders the bootstrap runs (merged-usr)
     arch: str = "amd64"  # Debian's name for the architecture (amd64, arm64)
     keyring: KeyringSpec | None = None  # the archive's keys, when the host lacks them
+    security: tuple[str, str] | None = None  # (mirror, suite) of the security archive, where separate
+
+    def sources(self) -> list[tuple[str, str]]:
+        """(mirror, suite) of every suite apt reads: the release, the extra suites on its mirror,
+        and the security archive where it is a tree of its own (Debian's debian-security)."""
+        found = [(self.mirror, suite) for suite in (self.suite, *self.extra_suites)]
+        return found + ([self.security] if self.security and self.security not in found else [])
+
+    def mirror_of(self, source: str) -> str:
+        """The mirror an archive file's `source` names: "" the release's, "security" the security archive's."""
+        return self.security[0] if source == "security" and self.security else self.mirror
 
     @property
     def platform(self) -> platforms.Platform:

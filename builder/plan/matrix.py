@@ -115,6 +115,7 @@ def _base_image(name: str, spec: BaseSpec) -> BaseImage:
         extra_suites=tuple(spec.bootstrap.extra_suites),
         hooks=tuple(spec.bootstrap.hooks),
         keyring=spec.bootstrap.keyring,
+        security=(spec.bootstrap.security.mirror, spec.bootstrap.security.suite) if spec.bootstrap.security else None,
     )
 
 

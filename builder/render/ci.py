@@ -112,3 +112,18 @@ def _relative(path: Path) -> str:
     if not grammar.RELATIVE_DIR.matches(text):
         raise UserError(f"{path} is outside this checkout; run `ci` from the root of the checkout that holds it")
     return text
+
+
+def schedule(grid: Matrix, system: str) -> str:
+    """The daily security job: audit, update --security, and a pull (merge) request when a lock moved."""
+    if system not in SYSTEMS:
+        raise UserError(f"no CI system {system!r}: write one of {', '.join(SYSTEMS)}")
+    matrix_file = _relative(grid.path)
+    values = {
+        "matrix_file": matrix_file,
+        "matrix_option": "" if matrix_file == str(DEFAULT_MATRIX) else f"--matrix {matrix_file} ",
+        "images_dir": _relative(grid.images_dir),
+        "runner": RUNNERS["linux/amd64"],
+    }
+    render.check_values(values, "ci")
+    return render.environment().get_template(f"ci/{system}-schedule.yml.j2").render(values)

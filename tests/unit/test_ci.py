@@ -147,3 +147,30 @@ def test_another_matrix_is_named_in_every_command(monkeypatch: pytest.MonkeyPatc
     text = ci.workflow(load_matrix(Path("examples/trtllm.yaml")), "github")
     commands = [line for line in text.splitlines() if "./nox -s build" in line or "./nox -s publish" in line]
     assert commands and all("--matrix examples/trtllm.yaml " in line for line in commands)
+
+
+@pytest.mark.parametrize("system", sorted(SCHEMAS))
+def test_the_daily_security_job_audits_moves_only_fixes_and_proposes_the_change(
+    system: str,
+    grid,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    text = ci.schedule(grid, system)
+    checked = _validate(system, text, tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    parsed = yaml.safe_load(text)
+    if system == "github":
+        assert parsed[True]["schedule"] == [{"cron": "17 4 * * *"}]  # YAML 1.1 reads the key `on` as true
+        assert parsed["permissions"] == {"contents": "write", "pull-requests": "write"}
+        runs = [step.get("run", "") for step in parsed["jobs"]["security"]["steps"]]
+    else:
+        assert parsed["security"]["rules"] == [{"if": '$CI_PIPELINE_SOURCE == "schedule"'}]
+        runs = parsed["security"]["script"]
+        fan_out = yaml.safe_load(ci.workflow(grid, "gitlab"))
+        assert fan_out["cell"]["rules"][0] == {"if": '$CI_PIPELINE_SOURCE == "schedule"', "when": "never"}
+    audit, update, propose = (next(i for i, r in enumerate(runs) if needle in r) for needle in
+                              ("./nox -s audit", "./nox -s update -- --security", "git push"))  # fmt: skip
+    assert audit < update < propose
+    assert '[ "$status" -le 1 ]' in runs[audit]  # findings do not stop the job; a failed audit does
+    assert "git diff --quiet -- images" in runs[propose]  # nothing proposed when no lock moved
+    assert ("gh pr create" if system == "github" else "merge_request.create") in runs[propose]

@@ -55,10 +55,25 @@ def test_lock_round_trips_with_its_fingerprint(tmp_path: Path) -> None:
     assert read.fingerprint == "0123456789abcdef"
 
 
+def test_a_file_of_the_security_archive_round_trips_and_is_fetched_from_it(tmp_path: Path) -> None:
+    fixed = aptindex.ArchiveFile("pool/updates/main/o/openssl/libssl3_3.0.17-1~deb12u3_amd64.deb", "a" * 64, "security")
+    lock = debian.DebianLock(("libssl3=3.0.17-1~deb12u3",), (), (), {"libssl3=3.0.17-1~deb12u3": fixed})
+    path = tmp_path / debian.DEBIAN_LOCK
+    path.write_text(lock.text("0123456789abcdef"))
+    assert '"security pool/updates/main/o/openssl/' in path.read_text()
+    assert debian.DebianLock.read(path).files == lock.files
+    base = load_matrix(REPO / "matrix.yaml").cell("2.13.0-cpu-bookworm-runtime").base
+    assert base.mirror_of("security") == "http://deb.debian.org/debian-security"
+    assert base.mirror_of("") == "http://deb.debian.org/debian"
+    assert base.sources()[-1] == ("http://deb.debian.org/debian-security", "bookworm-security")
+
+
 @pytest.mark.parametrize(
     ("old", "new", "says"),
     [
         ("_amd64.deb ", "_amd64.deb; rm -rf / ", "is not an archive file"),
+        ('": "pool/', '": "mirror pool/', "is not an archive file"),  # only the word `security` names a source
+        ('": "pool/', '": "security security pool/', "is not an archive file"),
         ("pool/main/g/gcc-12/", "pool/../../etc/", "is not an archive file"),
         ("deb12u1_amd64.deb ", "deb12u1_amd64.deb 0x", "is not an archive file"),
     ],

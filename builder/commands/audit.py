@@ -1,0 +1,71 @@
+"""`python -m builder audit`: security fixes the cells' locks do not have yet."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from builder.commands.common import Register, console, grid_of
+from builder.lock import aptindex, audit
+from builder.lock.debian import DEBIAN_LOCK, DebianLock
+
+
+def add(register: Register) -> None:
+    audit_cmd = register(
+        "audit",
+        "list the cells' locked packages that a security fix has since replaced (Debian) or that an advisory names",
+        "Debian packages against each base's security archive, read from its signed index (a stale index, past its "
+        "Valid-Until, is refused); Python packages against OSV records given with --osv DIR. Exits 1 when a "
+        "finding is at or above --fail-on. Needs the distro mirrors; no engine.",
+    )
+    audit_cmd.add_argument("cells", nargs="*", help="cells to audit (default: every buildable cell)")
+    audit_cmd.add_argument("--osv", type=Path, metavar="DIR", help="a folder of OSV records (osv.dev's PyPI export)")
+    audit_cmd.add_argument("--json", action="store_true", help="print the findings as JSON instead of a table")
+    audit_cmd.add_argument(
+        "--fail-on",
+        choices=audit.SEVERITIES,
+        default="high",
+        help="exit 1 when a finding is at least this severe (default: high; a Debian security update counts as high)",
+    )
+    audit_cmd.set_defaults(func=run, all=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    grid = grid_of(args)
+    cells = grid.select(args.cells) if args.cells else grid.cells
+    advisories = audit.read_osv(args.osv) if args.osv else []
+    findings: list[audit.Finding] = []
+    indexes: dict[tuple[str, str, str, str], aptindex.Index] = {}
+    for cell in cells:
+        lock_file = cell.file(DEBIAN_LOCK)
+        if lock_file.exists():
+            locked = DebianLock.read(lock_file)
+            for mirror, suite in audit.security_sources(cell.base):
+                key = (mirror, suite, cell.base.name, cell.base.arch)
+                if key not in indexes:
+                    indexes[key] = aptindex.suite_index(cell.base, mirror, suite)
+                findings += audit.debian_findings(cell, locked, indexes[key])
+        findings += audit.python_findings(cell, advisories)
+    _print(findings, args.json, len(cells), bool(args.osv))
+    failing = [f for f in findings if audit.rank(f.severity) >= audit.rank(args.fail_on)]
+    return 1 if failing else 0
+
+
+def _print(findings: list[audit.Finding], as_json: bool, cells: int, python: bool) -> None:
+    if as_json:
+        json.dump([f.row() for f in findings], sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return
+    table = Table("cell", "package", "locked", "fixed in", "advisory", "severity", "needs")
+    for f in findings:
+        table.add_row(f.cell, f"{f.package} ({f.ecosystem})", f.locked, f.fixed or "-", f.advisory, f.severity,
+                      f.needs or "-")  # fmt: skip
+    if findings:
+        Console(file=sys.stdout, width=200).print(table)
+    scope = "Debian packages" + (" and Python packages (OSV)" if python else "; no --osv: Python packages not checked")
+    console.print(f"{len(findings)} findings in {cells} cells ({scope})")

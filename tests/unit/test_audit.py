@@ -1,0 +1,111 @@
+"""`audit` (builder/lock/audit.py) without the network: OSV records (a real advisory, as a
+fixture), Debian versions against a security index, Valid-Until, and the command's exit status."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from builder import cli
+from builder.errors import UserError
+from builder.lock import aptindex, audit
+from builder.lock.aptindex import ArchiveFile
+from builder.lock.debian import DebianLock
+from builder.plan.matrix import load_matrix
+
+REPO = Path(__file__).resolve().parents[2]
+OSV = REPO / "tests" / "fixtures" / "osv"
+CELL = "2.13.0-cpu-bookworm-runtime"
+
+
+@pytest.fixture
+def cell(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """The CPU cell with its folder copied, so a test can pin other versions in its locks."""
+    grid = load_matrix(REPO / "matrix.yaml")
+    found = grid.cell(CELL)
+    shutil.copytree(found.directory, tmp_path / "images" / CELL)
+    return replace(found, images_root=tmp_path / "images")
+
+
+def _pin(cell, name: str, version: str) -> None:  # type: ignore[no-untyped-def]
+    lock = cell.directory / "requirements.lock"
+    lines = [
+        f"{name}=={version} \\" if line.startswith(f"{name}==") else line for line in lock.read_text().splitlines()
+    ]
+    lock.write_text("\n".join(lines) + "\n")
+
+
+def test_a_real_advisory_flags_a_version_a_lock_could_hold_and_not_the_fixed_one(cell) -> None:  # type: ignore[no-untyped-def]
+    advisories = audit.read_osv(OSV)
+    assert [a.id for a in advisories] == ["GHSA-cpwx-vrp4-4pq7"]
+    assert audit.locked_wheels(cell)["jinja2"] == "3.1.6"  # the shipped lock: fixed
+    assert audit.python_findings(cell, advisories) == []
+    _pin(cell, "jinja2", "3.1.5")  # what a lock from before March 2025 held
+    [finding] = audit.python_findings(cell, advisories)
+    assert (finding.package, finding.locked, finding.fixed, finding.advisory, finding.severity) == (
+        "jinja2", "3.1.5", "3.1.6", "GHSA-cpwx-vrp4-4pq7", "medium",
+    )  # fmt: skip
+    assert finding.needs == ""  # torch does not pin jinja2 exactly: it can move alone
+
+
+def test_a_package_torch_pins_exactly_is_reported_as_needing_a_new_torch(cell, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    pinned = next(iter(cell.torch.pins)) if cell.torch.pins else None
+    if pinned is None:  # the CPU wheel pins nothing exactly; give it one, as CUDA wheels pin nvidia-*
+        cell = replace(cell, torch=replace(cell.torch, pins={"jinja2": "3.1.6"}))
+        pinned = "jinja2"
+    version = audit.locked_wheels(cell)[pinned]
+    record = {"id": "TEST-1", "affected": [{"package": {"ecosystem": "PyPI", "name": pinned}, "versions": [version]}]}
+    (tmp_path / "osv").mkdir()
+    (tmp_path / "osv" / "TEST-1.json").write_text(json.dumps(record))
+    [finding] = audit.python_findings(cell, audit.read_osv(tmp_path / "osv"))
+    assert finding.needs == "a new torch" and finding.fixed == "" and finding.severity == "high"
+
+
+def test_an_osv_file_that_is_not_a_record_is_one_line_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "bad.json").write_text('{"affected": "x"}')
+    with pytest.raises(UserError, match="is not an OSV record") as error:
+        audit.read_osv(tmp_path)
+    assert "bad.json" in str(error.value)
+    with pytest.raises(UserError, match="not a folder"):
+        audit.read_osv(tmp_path / "missing")
+
+
+def test_a_locked_debian_package_with_a_newer_security_version_is_a_finding(cell) -> None:  # type: ignore[no-untyped-def]
+    lock = DebianLock.read(cell.directory / "debian.lock")
+    openssl = next(pin for pin in lock.common + lock.base if pin.startswith("libssl3="))
+    locked = openssl.split("=", 1)[1]
+    security = {
+        f"libssl3={locked}+fix1": ArchiveFile("pool/updates/x.deb", "0" * 64),
+        "libfoo=1": ArchiveFile("p", "0" * 64),
+    }
+    [finding] = audit.debian_findings(cell, lock, security)
+    assert (finding.package, finding.locked, finding.fixed, finding.advisory) == (
+        "libssl3", locked, f"{locked}+fix1", "bookworm-security",
+    )  # fmt: skip
+    older = {f"libssl3={locked}~older": ArchiveFile("p", "0" * 64)}  # Debian's ~ sorts before: not newer
+    assert audit.debian_findings(cell, lock, older) == []
+
+
+def test_a_signed_index_past_its_valid_until_is_refused() -> None:
+    release = "Origin: Debian\nSuite: stable-security\nValid-Until: Sat, 05 Dec 2026 12:00:00 UTC\n"
+    aptindex.check_valid_until(release, "x/InRelease", now=1_796_000_000)  # 2026-12-01: still valid
+    with pytest.raises(UserError, match=r"x/InRelease expired on Sat, 05 Dec 2026 12:00:00 UTC \(Valid-Until\)"):
+        aptindex.check_valid_until(release, "x/InRelease", now=1_797_000_000)  # 2026-12-13
+    aptindex.check_valid_until("Origin: Debian\nSuite: stable\n", "y", now=4_000_000_000)  # none stated: no limit
+
+
+def test_audit_exits_1_at_the_fail_on_severity_and_0_below_it(cell, monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(audit, "security_sources", lambda base: [])  # the Debian side needs the network
+    monkeypatch.setattr(
+        "builder.commands.audit.grid_of", lambda args: type("G", (), {"cells": [cell], "select": lambda s, n: [cell]})()
+    )
+    _pin(cell, "jinja2", "3.1.5")
+    assert cli.main(["audit", CELL, "--osv", str(OSV)]) == 0  # moderate, below the default (high)
+    assert "GHSA-cpwx-vrp4-4pq7" in capsys.readouterr().out
+    assert cli.main(["audit", CELL, "--osv", str(OSV), "--fail-on", "medium", "--json"]) == 1
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["package"] == "jinja2" and row["fixed"] == "3.1.6"
