@@ -11,8 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from builder.commands.common import Register, console, grid_of
-from builder.lock import aptindex, audit
-from builder.lock.debian import DEBIAN_LOCK, DebianLock
+from builder.lock import audit
 
 
 def add(register: Register) -> None:
@@ -39,18 +38,7 @@ def run(args: argparse.Namespace) -> int:
     grid = grid_of(args)
     cells = grid.select(args.cells) if args.cells else grid.cells
     advisories = audit.read_osv(args.osv) if args.osv else []
-    findings: list[audit.Finding] = []
-    indexes: dict[tuple[str, str, str, str], aptindex.Index] = {}
-    for cell in cells:
-        lock_file = cell.file(DEBIAN_LOCK)
-        if lock_file.exists():
-            locked = DebianLock.read(lock_file)
-            for mirror, suite in audit.security_sources(cell.base):
-                key = (mirror, suite, cell.base.name, cell.base.arch)
-                if key not in indexes:
-                    indexes[key] = aptindex.suite_index(cell.base, mirror, suite)
-                findings += audit.debian_findings(cell, locked, indexes[key])
-        findings += audit.python_findings(cell, advisories)
+    findings = audit.findings_of(cells, advisories)
     _print(findings, args.json, len(cells), bool(args.osv))
     failing = [f for f in findings if audit.rank(f.severity) >= audit.rank(args.fail_on)]
     return 1 if failing else 0

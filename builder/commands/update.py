@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from builder import confined
 from builder.commands import compat, lock, render
 from builder.commands.common import (
     Register,
     console,
     grid_of,
 )
-from builder.lock import aptindex, audit, debian
-from builder.lock.debian import DEBIAN_LOCK, DebianLock
+from builder.lock import audit
 
 
 def add(register: Register) -> None:
@@ -36,10 +35,13 @@ def add(register: Register) -> None:
         "--security",
         action="store_true",
         help="only move the packages `audit` names to their security fixes, in only the cells that have them (then "
-        "render): every other pin, and every other cell's build ID, stays as it is. Debian packages only; a Python "
-        "finding is listed with what to run",
+        "render): every other pin, and every other cell's build ID, stays as it is. Debian packages, and with --osv "
+        "Python ones (a package torch pins exactly is listed: it needs a new torch)",
     )
     update_cmd.add_argument("cells", nargs="*", help="with --security: the cells to update (default: every cell)")
+    update_cmd.add_argument(
+        "--osv", type=Path, metavar="DIR", help="with --security: also move the Python packages these OSV records name"
+    )
     update_cmd.set_defaults(func=run)
 
 
@@ -55,32 +57,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def security_fixes(args: argparse.Namespace) -> int:
-    """Move exactly the Debian packages with a security fix, cell by cell, then render those cells."""
+    """Move exactly the packages with a security fix, cell by cell, then render those cells."""
     grid = grid_of(args)
     cells = grid.select(args.cells) if args.cells else grid.cells
-    indexes: dict[tuple[str, str, str, str], aptindex.Index] = {}
-    changed = []
-    for cell in cells:
-        lock_file = cell.file(DEBIAN_LOCK)
-        if not lock_file.exists():
-            continue
-        locked = DebianLock.read(lock_file)
-        findings: list[audit.Finding] = []
-        security: aptindex.Index = {}
-        for mirror, suite in audit.security_sources(cell.base):
-            key = (mirror, suite, cell.base.name, cell.base.arch)
-            if key not in indexes:
-                indexes[key] = aptindex.suite_index(cell.base, mirror, suite)
-            security.update(indexes[key])
-            findings += audit.debian_findings(cell, locked, indexes[key])
-        if not findings:
-            continue
-        moved = audit.with_debian_fixes(locked, findings, security)
-        confined.write_text(lock_file, moved.text(debian.fingerprint(cell)))
-        changed.append(cell)
-        console.print(f"{cell.name}: " + ", ".join(f"{f.package} {f.locked} -> {f.fixed}" for f in findings))
+    advisories = audit.read_osv(args.osv) if args.osv else []
+    changed = audit.apply_fixes(grid, cells, advisories, console.print)
     if not changed:
-        console.print(f"no security fixes for the Debian packages of {len(cells)} cells")
+        console.print(f"no security fixes to move in {len(cells)} cells")
         return 0
     console.print(f"{len(changed)} cells moved; rendering them (their build IDs change, no other cell's does)")
     return render.rendered(grid_of(args))

@@ -15,20 +15,30 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from debian.debian_support import Version as DebianVersion
-from packaging.utils import canonicalize_name
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
 from packaging.version import InvalidVersion
 from packaging.version import Version as PythonVersion
 
+from builder import confined
 from builder.errors import UserError
-from builder.lock import aptindex
-from builder.lock.debian import DebianLock
+from builder.facts import pypi
+from builder.lock import aptindex, header
+from builder.lock.debian import DebianLock, fingerprint
+from builder.lock.requirements import Lockfile
 from builder.plan.cell import BaseImage, Cell
+from builder.plan.matrix import Matrix
 
 SEVERITIES = ("low", "medium", "high", "critical")
 # GitHub's advisories say MODERATE where CVSS says medium. A Debian security update states no
@@ -203,3 +213,112 @@ def with_debian_fixes(lock: DebianLock, findings: list[Finding], security: aptin
             raise UserError(f"{pin} is not in the security archive's index any more; run `python -m builder audit`")
         files[pin] = security[pin]
     return DebianLock(moved(lock.common), moved(lock.flavor), moved(lock.base), files)
+
+
+def with_python_fix(text: str, name: str, locked: str, fixed: str, hashes: list[str]) -> str:
+    """A Python lock's text with one package moved from `locked` to `fixed` (with the sha256 of
+    each of that version's files): the entry's lines replaced, every other line as it was, and
+    the header's content digest made again."""
+    found_header, body = header.split(text)
+    lines = body.splitlines(keepends=True)
+    start = next(
+        (i for i, line in enumerate(lines)
+         if (m := PIN.match(line)) and canonicalize_name(m.group(1)) == name and m.group(2) == locked),
+        None,
+    )  # fmt: skip
+    if start is None or not hashes or found_header.fingerprint is None:
+        raise UserError(f"{name}=={locked} is not in the lock, or {fixed} has no files to hash")
+    end = start + 1
+    while end < len(lines) and lines[end].startswith("    --hash="):
+        end += 1
+    entry = [f"{lines[start].split('==', 1)[0]}=={fixed} \\\n"]
+    entry += [f"    --hash=sha256:{digest} \\\n" for digest in sorted(hashes)]
+    entry[-1] = entry[-1].removesuffix(" \\\n") + "\n"
+    return header.with_header(found_header.fingerprint, "".join([*lines[:start], *entry, *lines[end:]]))
+
+
+def move_python(grid: Matrix, cell: Cell, findings: list[Finding], report: Callable[[str], None]) -> list[Finding]:
+    """Each Python finding that can move alone, moved in the lock that pins it to the fixed
+    version (every file of that version, by the sha256 the cell's index lists); one torch pins
+    exactly is listed, not moved."""
+    moved = []
+    for finding in findings:
+        if finding.needs or not finding.fixed:
+            report(f"{cell.name}: {finding.package} {finding.locked} ({finding.advisory}) "
+                          f"needs {finding.needs or 'a fixed release'}; not moved")  # fmt: skip
+            continue
+        hashes = file_hashes(grid, cell, finding.package, finding.fixed)
+        for path in sorted(cell.directory.glob("*.lock")):
+            if path.name == "debian.lock" or f"\n{finding.package}=={finding.locked} " not in f"\n{path.read_text()}":
+                continue
+            text = with_python_fix(path.read_text(), finding.package, finding.locked, finding.fixed, hashes)
+            confined.write_text(path, text)
+            Lockfile.read(path)  # the moved lock still reads as a lock
+            moved.append(finding)
+    return moved
+
+
+def file_hashes(grid: Matrix, cell: Cell, name: str, version: str) -> list[str]:
+    for url in grid.spec.indexes[cell.index].urls:
+        files = [f for f in pypi.index_files(name, url, suffix="") if _version_of(f.filename) == version]
+        if files and all(f.sha256 for f in files):
+            return [str(f.sha256) for f in files]
+    raise UserError(f"{cell.name}: {name} {version} has no files with sha256 on its index; lock the cell again")
+
+
+def _version_of(filename: str) -> str | None:
+    try:
+        if filename.endswith(".whl"):
+            return str(parse_wheel_filename(filename)[1])
+        return str(parse_sdist_filename(filename)[1])
+    except (InvalidWheelFilename, InvalidSdistFilename):
+        return None
+
+
+def apply_fixes(
+    grid: Matrix, cells: list[Cell], advisories: list[Advisory], report: Callable[[str], None]
+) -> list[Cell]:
+    """`update --security`: in each cell, the Debian packages with a newer version in the
+    security archive and the Python packages the advisories name moved to their fixes, every
+    other pin left as it is; returns the cells that moved."""
+    archives = SecurityArchives()
+    changed = []
+    for cell in cells:
+        lock_file = cell.file("debian.lock")
+        locked = DebianLock.read(lock_file) if lock_file.exists() else None
+        security = archives.of(cell) if locked is not None else {}
+        findings = debian_findings(cell, locked, security) if locked is not None else []
+        if findings and locked is not None:
+            confined.write_text(lock_file, with_debian_fixes(locked, findings, security).text(fingerprint(cell)))
+        python = move_python(grid, cell, python_findings(cell, advisories), report) if advisories else []
+        if findings or python:
+            changed.append(cell)
+            report(f"{cell.name}: " + ", ".join(f"{f.package} {f.locked} -> {f.fixed}" for f in [*findings, *python]))
+    return changed
+
+
+class SecurityArchives:
+    """Each base's security suites, read once per run from their signed indexes."""
+
+    def __init__(self) -> None:
+        self.read: dict[tuple[str, str, str, str], aptindex.Index] = {}
+
+    def of(self, cell: Cell) -> aptindex.Index:
+        found: aptindex.Index = {}
+        for mirror, suite in security_sources(cell.base):
+            key = (mirror, suite, cell.base.name, cell.base.arch)
+            if key not in self.read:
+                self.read[key] = aptindex.suite_index(cell.base, mirror, suite)
+            found.update(self.read[key])
+        return found
+
+
+def findings_of(cells: list[Cell], advisories: list[Advisory]) -> list[Finding]:
+    """`audit`: every cell's Debian findings (against its security archive) and Python ones."""
+    archives, found = SecurityArchives(), []
+    for cell in cells:
+        lock_file = cell.file("debian.lock")
+        if lock_file.exists():
+            found += debian_findings(cell, DebianLock.read(lock_file), archives.of(cell))
+        found += python_findings(cell, advisories)
+    return found

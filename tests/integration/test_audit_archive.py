@@ -100,3 +100,44 @@ def test_update_security_moves_only_the_packages_audit_names_in_only_their_cell(
     assert changed <= {"libssl3", "openssl"}  # the fix, where the archive moved on since the lock; else nothing
     if not changed:
         assert after[lock_path] == before[lock_path]  # the lock came back byte for byte
+
+
+def test_update_security_moves_a_python_package_an_advisory_names_to_its_fix_and_nothing_else(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CPU cell's lock with Jinja2 3.1.5 (real files and hashes from PyPI), against the real
+    advisory GHSA-cpwx-vrp4-4pq7: `update --security --osv` moves exactly Jinja2 to 3.1.6, and
+    the lock comes back as committed."""
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(REPO / "matrix.yaml", project / "matrix.yaml")
+    shutil.copytree(REPO / "images", project / "images")
+    grid = load_matrix(project / "matrix.yaml")
+    cell = grid.cell(CELL)
+    lock_path = cell.directory / "requirements.lock"
+    committed = lock_path.read_text()
+    older = audit.with_python_fix(
+        committed, "jinja2", "3.1.6", "3.1.5", audit.file_hashes(grid, cell, "jinja2", "3.1.5")
+    )
+    lock_path.write_text(older)
+    osv = REPO / "tests" / "fixtures" / "osv"
+    assert (
+        cli.main(
+            [
+                "--matrix",
+                str(project / "matrix.yaml"),
+                "audit",
+                CELL,
+                "--osv",
+                str(osv),
+                "--fail-on",
+                "medium",
+                "--json",
+            ]
+        )
+        == 1
+    )
+    capsys.readouterr()
+    assert cli.main(["--matrix", str(project / "matrix.yaml"), "update", "--security", CELL, "--osv", str(osv)]) == 0
+    assert "jinja2 3.1.5 -> 3.1.6" in capsys.readouterr().err
+    assert lock_path.read_text() == committed

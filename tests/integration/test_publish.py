@@ -6,6 +6,7 @@ import base64
 import functools
 import json
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,6 +35,17 @@ def _fully_attached(api: Registry, digest: str) -> bool:
 def _grid_for(built: BuiltCell, registry: RunningRegistry) -> Matrix:
     grid = built.grid
     return Matrix(grid.path, grid.spec.model_copy(update={"registry": registry.host}), grid.cells, grid.rejected)
+
+
+def _ci_setting(
+    built: BuiltCell, running: RunningRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Matrix, Registry, Callable[[str], None], Path, Path]:
+    """What a CI job has: the matrix pointed at the registry, its client, and where records and
+    the README's table go; the host's docker logins play no part."""
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "no-docker-config"))
+    records, readme = tmp_path / "records", tmp_path / "README.md"
+    readme.write_text(f"# x\n{publish.TABLE_START}\n{publish.TABLE_END}\n")
+    return _grid_for(built, running), running.api(), lambda _: None, records, readme
 
 
 def _publish(
@@ -290,11 +302,8 @@ def test_ci_stages_each_cell_then_promotes_from_the_registry_alone(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
 ) -> None:
-    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "no-docker-config"))
     running = start_registry()
-    grid, api, say = _grid_for(built, running), running.api(), lambda _: None
-    records, readme = tmp_path / "records", tmp_path / "README.md"
-    readme.write_text(f"# x\n{publish.TABLE_START}\n{publish.TABLE_END}\n")
+    grid, api, say, records, readme = _ci_setting(built, running, tmp_path, monkeypatch)
 
     [staged] = staging.stage(built.client, api, grid, [built.cell], "r1", say)
     tag = staging.staging_tag(built.grid, built.cell, "r1")
@@ -356,11 +365,8 @@ def test_reports_sit_side_by_side_a_cpu_report_cannot_pass_a_gpu_gate_and_verify
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],  # type: ignore[no-untyped-def]
 ) -> None:
-    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "no-docker-config"))
     running = start_registry()
-    grid, api, say = _grid_for(built, running), running.api(), lambda _: None
-    records, readme = tmp_path / "records", tmp_path / "README.md"
-    readme.write_text(f"# x\n{publish.TABLE_START}\n{publish.TABLE_END}\n")
+    grid, api, say, records, readme = _ci_setting(built, running, tmp_path, monkeypatch)
     [staged] = staging.stage(built.client, api, grid, [built.cell], "g1", say)
     tag = staging.staging_tag(built.grid, built.cell, "g1")
     subject = api.manifest("torch", tag)

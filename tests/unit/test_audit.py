@@ -52,16 +52,16 @@ def test_a_real_advisory_flags_a_version_a_lock_could_hold_and_not_the_fixed_one
     assert finding.needs == ""  # torch does not pin jinja2 exactly: it can move alone
 
 
-def test_a_package_torch_pins_exactly_is_reported_as_needing_a_new_torch(cell, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    pinned = next(iter(cell.torch.pins)) if cell.torch.pins else None
-    if pinned is None:  # the CPU wheel pins nothing exactly; give it one, as CUDA wheels pin nvidia-*
-        cell = replace(cell, torch=replace(cell.torch, pins={"jinja2": "3.1.6"}))
-        pinned = "jinja2"
-    version = audit.locked_wheels(cell)[pinned]
-    record = {"id": "TEST-1", "affected": [{"package": {"ecosystem": "PyPI", "name": pinned}, "versions": [version]}]}
+def test_a_package_torch_pins_exactly_is_reported_as_needing_a_new_torch(tmp_path: Path) -> None:
+    cuda = load_matrix(REPO / "matrix.yaml").cell("2.15.0-cu13.2-bookworm-runtime")
+    locked = audit.locked_wheels(cuda)
+    pinned = sorted(name for name in cuda.torch.pins if name in locked)  # nvidia-* at torch's exact pins
+    assert pinned, "torch's CUDA wheel pins its CUDA libraries exactly"
+    record = {"id": "TEST-1", "affected": [{"package": {"ecosystem": "PyPI", "name": pinned[0]},
+                                            "versions": [locked[pinned[0]]]}]}  # fmt: skip
     (tmp_path / "osv").mkdir()
     (tmp_path / "osv" / "TEST-1.json").write_text(json.dumps(record))
-    [finding] = audit.python_findings(cell, audit.read_osv(tmp_path / "osv"))
+    [finding] = audit.python_findings(cuda, audit.read_osv(tmp_path / "osv"))
     assert finding.needs == "a new torch" and finding.fixed == "" and finding.severity == "high"
 
 

@@ -141,7 +141,9 @@ def test_a_tag_longer_than_the_registry_allows_is_refused(project: Project, caps
     [
         ("registry", "registry: 127.0.0.1:5000", 'registry: "127.0.0.1:5000/$(id)"'),
         ("repository", "repository: torch", 'repository: "torch\\"; RUN x"'),
-        ("mirror", 'mirror: "http://deb.debian.org/debian",', 'mirror: "http://deb.debian.org/debian $(id)",'),
+        ("mirror", 'mirror: "http://deb.debian.org/debian"\n', 'mirror: "http://deb.debian.org/debian $(id)"\n'),
+        ("mirror", 'mirror: "http://deb.debian.org/debian-security"', 'mirror: "http://deb.debian.org/x\\nRUN id"'),
+        ("suite", "suite: bookworm-security}", "suite: bookworm-security; id}"),
         ("images", "repository: torch", "repository: torch\nimages: ../outside"),
     ],
 )
