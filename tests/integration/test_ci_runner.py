@@ -34,7 +34,7 @@ from securesystemslib.signer import SSlibKey
 from builder.assemble import build
 from builder.engine import daemon
 from builder.plan import matrix
-from builder.publish import publish, staging, verify
+from builder.publish import provenance, publish, staging, verify
 from builder.publish.registry import Registry
 from builder.render import ci
 from tests import hosted_runner
@@ -139,7 +139,8 @@ def test_the_emitted_github_workflow_runs_as_a_hosted_runner_from_install_to_pro
     staged = api.manifest("torch", staging.staging_tag(grid, cell, RUN_ID))
     promoted = api.manifest("torch", cell.tag)
     assert staged is not None and promoted is not None and promoted.digest == staged.digest
-    assert set(api.attached("torch", staged.digest)) == set(publish.ARTIFACT_TYPES.values())
+    signed = {*publish.ARTIFACT_TYPES.values(), provenance.ENVELOPE_TYPE}  # the job signed with the secret's key
+    assert set(api.attached("torch", staged.digest)) == signed
     image_id = json.loads(staged.body)["config"]["digest"]
     assert image_id == (REPO / "images" / CELL / "image-id").read_text().split()[0]  # the recorded build
     public = SSlibKey.from_crypto(signing_key.public_key())  # the secret's key signed what the job staged
