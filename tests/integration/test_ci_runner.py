@@ -133,6 +133,10 @@ def test_the_emitted_github_workflow_runs_as_a_hosted_runner_from_install_to_pro
         with capsys.disabled():
             print("\n".join(log)[-8000:])
         runner.remove()
+        for image in client.images.list(name=f"{running.host}/torch"):  # the tags the job's push made
+            for tag in (t for t in image.tags if t.startswith(f"{running.host}/")):
+                with contextlib.suppress(docker.errors.APIError):
+                    client.images.remove(tag)
     assert sorted({name.split("@")[0] for name in not_tried}) == sorted(NOT_TRIED)
 
     api = Registry(running.host, "ci", "runner-secret", retries=1, backoff_s=0.1)
