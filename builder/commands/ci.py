@@ -19,7 +19,8 @@ from builder.render import ci
 def add(register: Register) -> None:
     ci_cmd = register(
         "ci",
-        "print a CI workflow: one job per buildable cell (build, self-test, stage), then one promote job",
+        "print a CI workflow: a job per cell (build, self-test, stage), a GPU stage per CUDA cell, then one "
+        "promote job; or, with --schedule, the daily security job",
         NEEDS_NOTHING + " Reads the plan; the jobs run the same nox sessions a user runs.",
     )
     ci_cmd.add_argument("system", choices=ci.SYSTEMS, help="github (Actions) or gitlab (GitLab CI)")
