@@ -135,7 +135,7 @@ def _run_locked_bootstrap(base: BaseImage, packages: LockedPackages, epoch: int,
     # The image keeps the distro's own sources (apt in the image and in images built FROM it
     # reaches the mirror), not the local repository's; and no keyring copied from the host
     # (mmdebstrap copies the host's), only those the locked packages install.
-    mirror_lines = " ".join(f"'deb {mirror} {suite} {' '.join(base.components)}'" for mirror, suite in base.sources())
+    mirror_lines = " ".join(f"'{line}'" for line in base.sources_lines())
     own_sources = f'printf "%s\\n" {mirror_lines} > "$1/etc/apt/sources.list"'
     own_keys = (
         'for key in "$1"/etc/apt/trusted.gpg.d/*; do [ -e "$key" ] || continue; '
@@ -196,7 +196,7 @@ SOURCES_LABEL = "io.torch-images.sources"
 
 def sources_key(base: BaseImage) -> str:
     """A name for the suites a base bootstrapped from the mirror reads (its sources.list)."""
-    listing = "\n".join(f"{mirror} {suite} {' '.join(base.components)}" for mirror, suite in base.sources())
+    listing = "\n".join(base.sources_lines())
     return hashlib.sha256(listing.encode()).hexdigest()[:16]
 
 
@@ -250,12 +250,11 @@ def _run_bootstrap(base: BaseImage, epoch: int, rootfs: Path, scratch: Path) -> 
         mode = mode_for_bootstrap()
         # One sources line per suite when there are several (the security archive's included);
         # the image's apt keeps them.
-        several = len(base.sources()) > 1
-        sources = [f"deb {mirror} {suite} {' '.join(base.components)}" for mirror, suite in base.sources()]
+        sources = base.sources_lines()
         command = [
             tool, f"--variant={base.variant}", f"--mode={mode}", "--format=tar", f"--components={components}",
             *extra, *hook_options(base), "--quiet", base.suite, str(rootfs),
-            *(sources if several else [base.mirror]),
+            *(sources if len(sources) > 1 else [base.mirror]),
         ]  # fmt: skip
         result = run_bootstrap_tool(command, epoch)
     else:

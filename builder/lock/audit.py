@@ -77,12 +77,18 @@ def security_sources(base: BaseImage) -> list[tuple[str, str]]:
     return [(base.mirror, suite) for suite in base.extra_suites if suite.endswith("-security")]
 
 
-def debian_findings(cell: Cell, lock: DebianLock, security: aptindex.Index) -> list[Finding]:
+def newest_versions(index: aptindex.Index) -> dict[str, str]:
+    """Each package's newest version in an index, by Debian's version order."""
     newest: dict[str, str] = {}
-    for pin in security:
+    for pin in index:
         name, _, version = pin.partition("=")
         if name not in newest or DebianVersion(version) > DebianVersion(newest[name]):
             newest[name] = version
+    return newest
+
+
+def debian_findings(cell: Cell, lock: DebianLock, security: aptindex.Index) -> list[Finding]:
+    newest = newest_versions(security)
     found = []
     for pin in sorted({*lock.base, *lock.common, *lock.flavor}):
         name, _, version = pin.partition("=")

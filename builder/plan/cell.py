@@ -43,6 +43,10 @@ class BaseImage:
         found = [(self.mirror, suite) for suite in (self.suite, *self.extra_suites)]
         return found + ([self.security] if self.security and self.security not in found else [])
 
+    def sources_lines(self) -> list[str]:
+        """sources.list's line for each of `sources`."""
+        return [f"deb {mirror} {suite} {' '.join(self.components)}" for mirror, suite in self.sources()]
+
     def mirror_of(self, source: str) -> str:
         """The mirror an archive file's `source` names: "" the release's, "security" the security archive's."""
         return self.security[0] if source == "security" and self.security else self.mirror

@@ -15,7 +15,6 @@ key's place in `sign`, and its bundle the envelope's, without changing the state
 
 from __future__ import annotations
 
-import base64
 import copy
 import hashlib
 import json
@@ -38,6 +37,7 @@ from securesystemslib.signer import CryptoSigner, SSlibKey
 from builder import paths
 from builder.errors import UserError
 from builder.plan.cell import Cell
+from builder.publish import reports
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 ENVELOPE_TYPE = "application/vnd.dsse.envelope.v1+json"  # the referrer's artifactType
@@ -193,30 +193,24 @@ def verify_envelope(document: dict[str, Any], key: SSlibKey) -> dict[str, Any]:
 
 
 def _independently_signed(envelope: dsse.Envelope, key: SSlibKey) -> bool:
-    public = serialization.load_pem_public_key(key.keyval["public"].encode()) if key.keytype != "ed25519" else None
-    if key.keytype == "ed25519":
-        public = ed25519.Ed25519PublicKey.from_public_bytes(bytes.fromhex(key.keyval["public"]))
+    public = key.keyval["public"]
     message = pae(envelope.payload_type, envelope.payload)
     for signature in envelope.signatures.values():
         if signature.keyid != key.keyid:
             continue
         raw = bytes.fromhex(signature.signature)
         try:
-            if isinstance(public, ed25519.Ed25519PublicKey):
-                public.verify(raw, message)
-            elif isinstance(public, ec.EllipticCurvePublicKey):
-                public.verify(raw, message, ec.ECDSA(hashes.SHA256()))
-            else:
+            if key.keytype == "ed25519":
+                ed25519.Ed25519PublicKey.from_public_bytes(bytes.fromhex(public)).verify(raw, message)
+                return True
+            loaded = serialization.load_pem_public_key(public.encode())
+            if not isinstance(loaded, ec.EllipticCurvePublicKey):
                 return False
+            loaded.verify(raw, message, ec.ECDSA(hashes.SHA256()))
             return True
         except InvalidSignature:
             return False
     return False
-
-
-def envelope_payload(document: dict[str, Any]) -> bytes:
-    """The payload of an envelope, unverified (for listing only)."""
-    return base64.b64decode(str(document.get("payload", "")), validate=False)
 
 
 # ---------------------------------------------------------------- attaching
@@ -246,3 +240,18 @@ def attach(
         repository, tag, sign(statement, signer), ENVELOPE_TYPE, annotations, subject_manifest
     )
     return digest
+
+
+def attach_report(
+    registry: Any,
+    repository: str,
+    subject_manifest: Any,
+    target: str,
+    about: Subject,
+    report: dict[str, Any],
+    signer: CryptoSigner,
+) -> str:
+    """A self-test report as a signed statement about `about`, attached beside the report
+    (`<tag>.selftest.att`, `<tag>.selftest-gpu-<model>.att`)."""
+    tag = f"{reports.artifact_tag(target, report)}.att"[:128]
+    return attach(registry, repository, subject_manifest, tag, selftest_statement(about, report), signer)

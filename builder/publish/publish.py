@@ -163,10 +163,7 @@ def attach_attestations(
     if provenance.SELFTEST not in have:
         for found in (item.report, item.gpu_report):
             if found:
-                tag = f"{reports.artifact_tag(item.target, found)}.att"[:128]
-                provenance.attach(
-                    registry, repository, subject, tag, provenance.selftest_statement(about, found), signer
-                )
+                provenance.attach_report(registry, repository, subject, item.target, about, found, signer)
                 signed.append(f"{smoke.report_kind(found)} self-test")
     if signed:
         report(f"signed and attached {', '.join(signed)} to {item.target} ({item.digest[:19]})")

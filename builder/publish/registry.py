@@ -399,14 +399,23 @@ class Registry:
             )
         return body
 
-    def artifact(self, repository: str, digest: str, limit: int = MAX_BLOB_BYTES) -> dict[str, Any]:
-        """The JSON document an artifact manifest carries as its one layer (an SBOM, a report)."""
+    def artifact_manifest(self, repository: str, digest: str) -> dict[str, Any]:
+        """An artifact's manifest (subject, annotations, its one layer), checked to carry one document."""
         manifest = self.manifest(repository, digest)
         if manifest is None:
             raise UserError(f"registry {self.host} lists artifact {digest} but does not serve it")
-        layers = json.loads(manifest.body).get("layers", [])
-        if manifest.media_type not in IMAGE_TYPES or len(layers) != 1:
+        document: dict[str, Any] = json.loads(manifest.body)
+        if manifest.media_type not in IMAGE_TYPES or len(document.get("layers", [])) != 1:
             raise UserError(f"registry {self.host}: artifact {digest[:19]} is not one document; nothing was moved")
-        return json_object(
-            self.blob(repository, layers[0]["digest"], limit), f"registry {self.host}: artifact {digest[:19]}"
-        )
+        return document
+
+    def artifact_document(
+        self, repository: str, manifest: dict[str, Any], limit: int = MAX_BLOB_BYTES
+    ) -> dict[str, Any]:
+        """The JSON document an artifact manifest (as artifact_manifest read it) carries as its layer."""
+        digest = str(manifest["layers"][0]["digest"])
+        return json_object(self.blob(repository, digest, limit), f"registry {self.host}: artifact layer {digest[:19]}")
+
+    def artifact(self, repository: str, digest: str, limit: int = MAX_BLOB_BYTES) -> dict[str, Any]:
+        """The JSON document an artifact manifest carries as its one layer (an SBOM, a report)."""
+        return self.artifact_document(repository, self.artifact_manifest(repository, digest), limit)

@@ -145,9 +145,7 @@ def gpu_test(
         reports.attach(registry, repository, manifest, tag, result.report, build_id, cell.tag)
         if signer is not None:
             about = provenance.Subject(f"{grid.spec.registry}/{repository}", manifest.digest, image_id, build_id)
-            statement = provenance.selftest_statement(about, result.report)
-            att_tag = f"{reports.artifact_tag(tag, result.report)}.att"[:128]
-            provenance.attach(registry, repository, manifest, att_tag, statement, signer)
+            provenance.attach_report(registry, repository, manifest, tag, about, result.report, signer)
         why = smoke.why_not_a_gpu_pass(result.report, image_id)
         verdict = "pass" if why is None else f"not a pass: {why}"
         report(f"{cell.name}: GPU self-test {verdict}, attached to {manifest.digest[:19]}")

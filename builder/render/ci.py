@@ -53,11 +53,9 @@ def left_out(grid: Matrix, cell: Cell) -> bool:
 
 
 def workflow(grid: Matrix, system: str, registry: str | None = None, names: list[str] | None = None) -> str:
-    if system not in SYSTEMS:
-        raise UserError(f"no CI system {system!r}: write one of {', '.join(SYSTEMS)}")
+    files = _files(grid, system)
     if registry is not None and not grammar.REGISTRY_REF.matches(registry):
         raise UserError(f"--registry {registry!r}: write {grammar.REGISTRY_REF.hint}")
-    matrix_file = _relative(grid.path)
     chosen = grid.select(names) if names else [c for c in grid.cells if not left_out(grid, c)]
     if not chosen:
         raise UserError("ci.exclude leaves no cell to make a job of: name the cells (`ci github CELL ...`)", grid.path)
@@ -69,9 +67,7 @@ def workflow(grid: Matrix, system: str, registry: str | None = None, names: list
     for cell in chosen:
         by_arch.setdefault(cell.arch, []).append(cell.name)
     values = {
-        "matrix_file": matrix_file,
-        "matrix_option": "" if matrix_file == str(DEFAULT_MATRIX) else f"--matrix {matrix_file} ",
-        "images_dir": _relative(grid.images_dir),
+        **files,
         "target": target(grid, system, registry),
         "repository": grid.spec.repository,
         "jobs": [{"cell": cell.name, "runner": RUNNERS[cell.platform]} for cell in chosen],
@@ -106,6 +102,19 @@ def gpu_jobs(grid: Matrix, cells: list[Cell]) -> list[dict[str, object]]:
     return jobs
 
 
+def _files(grid: Matrix, system: str) -> dict[str, str]:
+    """What every workflow names: the matrix file (and the option that names it, where it is not
+    the default) and the images folder, as the checkout's root sees them."""
+    if system not in SYSTEMS:
+        raise UserError(f"no CI system {system!r}: write one of {', '.join(SYSTEMS)}")
+    matrix_file = _relative(grid.path)
+    return {
+        "matrix_file": matrix_file,
+        "matrix_option": "" if matrix_file == str(DEFAULT_MATRIX) else f"--matrix {matrix_file} ",
+        "images_dir": _relative(grid.images_dir),
+    }
+
+
 def _relative(path: Path) -> str:
     """A path inside the checkout, as the workflow (run from the checkout's root) names it."""
     text = os.path.relpath(path.resolve(), Path.cwd())
@@ -116,14 +125,6 @@ def _relative(path: Path) -> str:
 
 def schedule(grid: Matrix, system: str) -> str:
     """The daily security job: audit, update --security, and a pull (merge) request when a lock moved."""
-    if system not in SYSTEMS:
-        raise UserError(f"no CI system {system!r}: write one of {', '.join(SYSTEMS)}")
-    matrix_file = _relative(grid.path)
-    values = {
-        "matrix_file": matrix_file,
-        "matrix_option": "" if matrix_file == str(DEFAULT_MATRIX) else f"--matrix {matrix_file} ",
-        "images_dir": _relative(grid.images_dir),
-        "runner": RUNNERS["linux/amd64"],
-    }
+    values = {**_files(grid, system), "runner": RUNNERS["linux/amd64"]}
     render.check_values(values, "ci")
     return render.environment().get_template(f"ci/{system}-schedule.yml.j2").render(values)

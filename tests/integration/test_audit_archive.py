@@ -31,11 +31,7 @@ def test_a_lock_from_before_a_security_update_is_flagged_and_one_with_the_update
     [(mirror, suite)] = audit.security_sources(cell.base)
     assert (mirror, suite) == ("http://deb.debian.org/debian-security", "bookworm-security")
     security = aptindex.suite_index(cell.base, mirror, suite)  # signed, checked, and still valid
-    newest = {}
-    for pin in security:
-        name, _, version = pin.partition("=")
-        if name not in newest or Version(version) > Version(newest[name]):
-            newest[name] = version
+    newest = audit.newest_versions(security)
     assert "libssl3" in newest  # OpenSSL has had security updates in every Debian release
     lock_path = cell.directory / "debian.lock"
     locked = DebianLock.read(lock_path)
