@@ -27,8 +27,9 @@ def add(register: Register) -> None:
     ci_cmd.add_argument(
         "cells",
         nargs="*",
-        help="the cells to make jobs of (default: every cell whose wheels come from an index; one that reads a "
-        "local folder, such as the CPU cells' TORCH_WHEEL_DIR, is a job only when named)",
+        help="the cells to make jobs of (default: every cell but those the matrix's ci.exclude selects, which are "
+        "jobs only when named); options go before the system or after the cells (argparse gives cells nothing "
+        "that come after an option)",
     )
     ci_cmd.add_argument(
         "--registry",
