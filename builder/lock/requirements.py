@@ -22,7 +22,8 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -242,6 +243,29 @@ def _uv() -> str:
         return found
 
 
+class Resolutions:
+    """uv's answer for each set of inputs, within one `lock` run: cells that share a stack (a
+    runtime and its devel sibling: the same requirements, index, Python and platform) resolve
+    it once. Keyed by the inputs' fingerprint, the one lock headers carry; one cell at a time
+    resolves a given key, so no two threads run uv for the same inputs."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}
+        self._answers: dict[str, str] = {}
+        self.resolved = 0  # how many times uv ran
+
+    def answer(self, key: str, resolve: Callable[[], str]) -> str:
+        with self._guard:
+            key_lock = self._locks.setdefault(key, threading.Lock())
+        with key_lock:
+            if key not in self._answers:
+                self._answers[key] = resolve()
+                with self._guard:
+                    self.resolved += 1
+            return self._answers[key]
+
+
 def _compile(cell: Cell, grid: Matrix, requirements: list[str], overrides: list[str], constraints: str | None) -> str:
     """uv pip compile for the cell's target. Input files get fixed relative names in a scratch
     directory, so uv's `# via -r requirements.in` comments are the same on every run."""
@@ -272,7 +296,10 @@ def _compile(cell: Cell, grid: Matrix, requirements: list[str], overrides: list[
             Path(scratch, "stack.lock").write_text(constraints)
             command += ["--constraint", "stack.lock"]
         # uv's own certificate bundle does not know a site's proxy CA; the host's store does.
-        env = {**os.environ, "UV_NATIVE_TLS": "1", "UV_NO_CONFIG": "1"}
+        # The target Python (--python-version) needs no interpreter of that version: without
+        # UV_PYTHON_DOWNLOADS=never uv tries to download one for every cell whose Python the host
+        # lacks (10 s of retries each where GitHub is out of reach, a download where it is not).
+        env = {**os.environ, "UV_NATIVE_TLS": "1", "UV_NO_CONFIG": "1", "UV_PYTHON_DOWNLOADS": "never"}
         result = subprocess.run(command, capture_output=True, text=True, env=env, check=False, cwd=scratch)
     if result.returncode != 0:
         detail = " ".join(line.strip() for line in result.stderr.splitlines() if line.strip())[:600]
@@ -307,15 +334,20 @@ def require_real_trtllm_wheels(cell: Cell, grid: Matrix) -> None:
         )
 
 
-def lock_cell(cell: Cell, grid: Matrix) -> list[Path]:
-    """Resolve and write the cell's locks; returns the files written."""
+def lock_cell(cell: Cell, grid: Matrix, resolutions: Resolutions | None = None) -> list[Path]:
+    """Resolve and write the cell's locks; returns the files written. With `resolutions`,
+    inputs another cell of the run resolved already are not resolved again."""
     require_real_trtllm_wheels(cell, grid)
+    resolutions = resolutions or Resolutions()
     directory = cell.directory
     cell.file(STACK_LOCK)  # neither the folder nor the lock may be a link
     directory.mkdir(parents=True, exist_ok=True)
+    stack_key = stack_fingerprint(cell, grid)
     stack_text = with_header(
-        stack_fingerprint(cell, grid),
-        _compile(cell, grid, stack_requirements(cell), stack_overrides(cell), None),
+        stack_key,
+        resolutions.answer(
+            stack_key, lambda: _compile(cell, grid, stack_requirements(cell), stack_overrides(cell), None)
+        ),
     )
     stack = Lockfile(directory / STACK_LOCK, None, parse_lock(stack_text, directory / STACK_LOCK), text=stack_text)
     verify_stack(cell, stack)
@@ -323,8 +355,9 @@ def lock_cell(cell: Cell, grid: Matrix) -> list[Path]:
     extras = flavor_requirements(cell)
     flavor_path = cell.file(FLAVOR_LOCK)
     if extras:
-        body = _compile(cell, grid, extras, [], stack_text)
-        flavor_text = with_header(flavor_fingerprint(cell, grid, stack_text), body)
+        flavor_key = flavor_fingerprint(cell, grid, stack_text)
+        body = resolutions.answer(flavor_key, lambda: _compile(cell, grid, extras, [], stack_text))
+        flavor_text = with_header(flavor_key, body)
         flavor_lock = Lockfile(flavor_path, None, parse_lock(flavor_text, flavor_path), text=flavor_text)
         verify_flavor(cell, stack, flavor_lock)
         written.append(_write(flavor_path, flavor_text))
@@ -333,12 +366,16 @@ def lock_cell(cell: Cell, grid: Matrix) -> list[Path]:
     return written
 
 
-def lock_cells(cells: list[Cell], grid: Matrix, jobs: int = 4) -> Iterator[tuple[Cell, list[Path] | UserError]]:
-    """Lock cells concurrently (each writes only its own directory); yields each outcome in order."""
+def lock_cells(
+    cells: list[Cell], grid: Matrix, jobs: int = 4, resolutions: Resolutions | None = None
+) -> Iterator[tuple[Cell, list[Path] | UserError]]:
+    """Lock cells concurrently (each writes only its own directory), each distinct set of
+    inputs resolved once; yields each outcome in order."""
+    shared = resolutions or Resolutions()
 
     def attempt(cell: Cell) -> list[Path] | UserError:
         try:
-            return lock_cell(cell, grid)
+            return lock_cell(cell, grid, shared)
         except UserError as error:
             return error
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,42 @@ def test_manylinux_target_is_the_newest_uv_knows_at_or_below_the_base_glibc() ->
     assert lock.manylinux_target("2.36") == "x86_64-manylinux_2_36"
     assert lock.manylinux_target("2.41") == "x86_64-manylinux_2_40"
     assert lock.manylinux_target("2.30") == "x86_64-manylinux_2_28"
+
+
+def test_cells_that_share_a_stack_resolve_it_once(
+    monkeypatch: pytest.MonkeyPatch, matrix_file: Path, wheels: TorchWheels
+) -> None:
+    grid = load_matrix(matrix_file, wheels)
+    runtime, devel = grid.cell("2.9.1-cu12.8-bookworm-runtime"), grid.cell("2.9.1-cu12.8-bookworm-devel")
+    resolved: list[tuple[str, bool]] = []
+
+    def fake_compile(cell, grid, requirements, overrides, constraints):  # type: ignore[no-untyped-def]
+        resolved.append((cell.name, constraints is not None))
+        return LOCK_TEXT.partition("\n")[2]
+
+    monkeypatch.setattr(lock, "_compile", fake_compile)
+    monkeypatch.setattr(lock, "verify_flavor", lambda *_: None)
+    outcomes = [outcome for _, outcome in lock.lock_cells([runtime, devel], grid, jobs=2)]
+    assert not any(isinstance(o, UserError) for o in outcomes), outcomes
+    stacks = [name for name, flavor in resolved if not flavor]
+    assert len(stacks) == 1, resolved  # the devel sibling's stack is the runtime's, resolved once
+    assert [flavor for _, flavor in resolved].count(True) == 1  # devel's own packages: resolved
+    assert (runtime.directory / lock.STACK_LOCK).read_text() == (devel.directory / lock.STACK_LOCK).read_text()
+
+
+def test_uv_is_never_asked_to_download_a_python(
+    monkeypatch: pytest.MonkeyPatch, matrix_file: Path, wheels: TorchWheels
+) -> None:
+    """The lock targets a Python version; it needs no interpreter of it (uv would otherwise try
+    to download one for every cell whose Python the host lacks)."""
+    grid = load_matrix(matrix_file, wheels)
+    seen: dict[str, str] = {}
+
+    def fake_run(command, **kwargs):  # type: ignore[no-untyped-def]
+        seen.update(kwargs["env"])
+        return subprocess.CompletedProcess(command, 0, LOCK_TEXT.partition("\n")[2], "")
+
+    monkeypatch.setattr(lock.subprocess, "run", fake_run)
+    cell = grid.cell("2.9.1-cu12.8-bookworm-runtime")
+    lock._compile(cell, grid, lock.stack_requirements(cell), [], None)
+    assert seen["UV_PYTHON_DOWNLOADS"] == "never"
