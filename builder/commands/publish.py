@@ -58,6 +58,13 @@ def add(register: Register) -> None:
         "if set, else unsigned",
     )
     publish_cmd.add_argument(
+        "--compression",
+        choices=["gzip", "zstd"],
+        help="zstd: also push each image with zstd layers under <tag>-zstd and <alias>-zstd (the same image ID; "
+        "containerd >= 1.5 and Docker >= 23 pull it); gzip stays under the plain tags. Default: matrix.yaml's "
+        "publish.compression, else gzip",
+    )
+    publish_cmd.add_argument(
         "--run", default="local", help="with --stage and --promote: the run ID that ties them (CI's run number)"
     )
     publish_cmd.set_defaults(func=run)
@@ -66,6 +73,9 @@ def add(register: Register) -> None:
 def run(args: argparse.Namespace) -> int:
     grid = grid_of(args)
     use_registry_option(grid, args)
+    if args.compression:
+        chosen = grid.spec.publish.model_copy(update={"compression": args.compression})
+        grid.spec = grid.spec.model_copy(update={"publish": chosen})
     cells, say = cells_of(args, grid), lambda text: console.print(text)
     signer = provenance.load_signer(args.sign_key)
     if args.stage or args.promote or args.gpu_test:

@@ -79,7 +79,7 @@ def push_indexes(registry: Registry, grid: Matrix, items: list[Publication], rep
     groups: dict[str, list[Publication]] = {}
     for item in items:
         if is_multiarch(grid, item.cell):
-            groups.setdefault(item.cell.tag, []).append(item)
+            groups.setdefault(item.tag, []).append(item)
     for tag, group in groups.items():
         group.sort(key=lambda item: platforms.NAMES.index(item.cell.platform))
         images = []

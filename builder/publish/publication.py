@@ -23,6 +23,27 @@ class Publication:
     image_tag: str = ""  # `<tag>-<arch>` when the versioned tag is a multi-arch index (multiarch.py)
     tag_digest: str = ""  # what the versioned tag points at, when not the image itself: the index
     gpu_report: dict[str, Any] | None = None  # the passing GPU self-test a CUDA cell's gate read
+    # "zstd": the same image (the same config, so the same image ID) with zstd layers, under tags
+    # of its own (`<tag>-zstd`): one index cannot offer both compressions for one platform.
+    compression: str = "gzip"
+
+    @property
+    def suffix(self) -> str:
+        return "" if self.compression == "gzip" else f"-{self.compression}"
+
+    @property
+    def tag(self) -> str:
+        """The versioned tag this form of the image goes under."""
+        return self.cell.tag + self.suffix
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        return tuple(alias + self.suffix for alias in self.cell.aliases)
+
+    @property
+    def record_name(self) -> str:
+        """published/<this>.json: one record per cell and compression."""
+        return self.cell.name + (f".{self.compression}" if self.suffix else "")
 
     @property
     def target(self) -> str:

@@ -33,7 +33,7 @@ from builder.errors import UserError
 from builder.lock import requirements as lock
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
-from builder.publish import multiarch, provenance, reports, sbom
+from builder.publish import multiarch, provenance, recompress, reports, sbom
 from builder.publish.publication import Publication
 from builder.publish.registry import Manifest, Registry
 
@@ -173,15 +173,15 @@ def _push_metadata(
     engine: docker.DockerClient, registry: Registry, grid: Matrix, item: Publication, kinds: list[str]
 ) -> None:
     subject = _subject(registry, grid, item)
-    annotations = {"org.opencontainers.image.ref.name": item.cell.tag, "io.torch-images.build-id": item.build_id}
+    annotations = {"org.opencontainers.image.ref.name": item.tag, "io.torch-images.build-id": item.build_id}
     documents: dict[str, object] = {}
     if "sbom" in kinds:
         locks = [
             p for p in (item.cell.directory / lock.STACK_LOCK, item.cell.directory / lock.FLAVOR_LOCK) if p.exists()
         ]
-        documents["sbom"] = sbom.build_sbom(engine, item.image_id, item.cell, locks, item.cell.tag)
+        documents["sbom"] = sbom.build_sbom(engine, item.image_id, item.cell, locks, item.tag)
     if "selftest" in kinds:
-        reports.attach(registry, grid.spec.repository, subject, item.target, item.report, item.build_id, item.cell.tag)
+        reports.attach(registry, grid.spec.repository, subject, item.target, item.report, item.build_id, item.tag)
     for kind, document in documents.items():
         registry.push_artifact(
             grid.spec.repository, f"{item.target}.{kind}", json.dumps(document, sort_keys=True).encode(),
@@ -193,19 +193,19 @@ def _move_aliases(registry: Registry, grid: Matrix, items: list[Publication], re
     repository = grid.spec.repository
     previous: list[tuple[str, Manifest | None]] = []
     # The platforms of a multi-arch tag share its aliases (the plan checks it): moved once.
-    by_tag = {item.cell.tag: item for item in items}
+    by_tag = {item.tag: item for item in items}
     try:
         for tag, item in by_tag.items():
             target = registry.manifest(repository, tag)
             if target is None or target.digest != item.points_to:
                 raise UserError(f"{repository}:{tag} changed while publishing; aliases left where they were")
-            for alias in item.cell.aliases:
+            for alias in item.aliases:
                 before = registry.manifest(repository, alias)
                 if before and before.digest == item.points_to:
                     continue
                 registry.put_manifest(repository, alias, target)
                 previous.append((alias, before))  # only aliases that did move need putting back
-                for sharing in (i for i in items if i.cell.tag == tag):
+                for sharing in (i for i in items if i.tag == tag):
                     sharing.moved_aliases.append(alias)
                 report(f"moved {alias} -> {item.points_to[:19]}")
     except UserError:
@@ -214,6 +214,58 @@ def _move_aliases(registry: Registry, grid: Matrix, items: list[Publication], re
                 with contextlib.suppress(UserError):  # put back as many as the registry takes
                     registry.put_manifest(repository, alias, before)
         raise
+
+
+def zstd_form(grid: Matrix, item: Publication) -> Publication:
+    """The same image as `item` (the gzip form the engine pushes), with zstd layers under tags of its own."""
+    form = Publication(
+        item.cell, item.image_id, item.report, item.build_id, gpu_report=item.gpu_report, compression="zstd"
+    )
+    form.image_tag = f"{form.tag}-{item.cell.arch}" if multiarch.is_multiarch(grid, item.cell) else form.tag
+    if item.staging_tag:
+        form.staging_tag = f"{form.image_tag}{item.staging_tag.removeprefix(item.image_tag)}"
+    too_long = [tag for tag in (form.target, *form.aliases) if len(tag) > 128]
+    if too_long:
+        raise UserError(f"{too_long[0]}: a tag has at most 128 characters; shorten the tag template; nothing pushed")
+    return form
+
+
+def push_zstd(
+    engine: docker.DockerClient,
+    registry: Registry,
+    grid: Matrix,
+    source: Publication,
+    form: Publication,
+    report: Report,
+) -> None:
+    """The zstd form of `source` (already in the registry) under `form.target`: compressed and
+    uploaded by the builder (the engine here pushes gzip only), the config blob the same."""
+    repository = grid.spec.repository
+    current = registry.manifest(repository, form.target)
+    if current is not None and recompress.is_zstd_form(current, form.image_id):
+        form.digest, form.unchanged = current.digest, True
+        return
+    gzip_form = registry.manifest(repository, source.digest)
+    if gzip_form is None:
+        raise UserError(f"{repository}@{source.digest} is not in {registry.host}; its zstd form not pushed")
+    level = grid.spec.publish.zstd_level
+    report(f"pushing {grid.spec.registry}/{repository}:{form.target} (zstd level {level})")
+    manifest = recompress.push_zstd_form(engine, registry, repository, gzip_form, level, report)
+    registry.put_manifest(repository, form.target, manifest)
+    form.digest = manifest.digest
+
+
+def push_forms(
+    engine: docker.DockerClient, registry: Registry, grid: Matrix, items: list[Publication], report: Report
+) -> list[Publication]:
+    """Each image through the engine (gzip), then, where the matrix asks for zstd, its zstd form;
+    returns every form pushed, gzip first."""
+    forms = [zstd_form(grid, item) for item in items] if grid.spec.publish.compression == "zstd" else []
+    for item in items:
+        push_image(engine, registry, grid, item, report)
+    for item, form in zip(items, forms, strict=False):
+        push_zstd(engine, registry, grid, item, form, report)
+    return [*items, *forms]
 
 
 def publish(
@@ -229,13 +281,13 @@ def publish(
 ) -> list[Publication]:
     """Publish the cells; records go to published/ beside the matrix file, and the table of
     published tags into the README.md beside it (where that README has the table's markers).
-    With a signer, each image also gets its signed provenance and self-test statements."""
+    With a signer, each image also gets its signed provenance and self-test statements. With
+    `publish.compression: zstd` each image also goes out with zstd layers, under `-zstd` tags."""
     multiarch.check_complete(grid, cells)  # a multi-arch tag: every platform's image, or none
-    items = gate(engine, grid, cells)
+    gated = gate(engine, grid, cells)
     registry = Registry.for_publishing(grid.spec.registry, ca_file, insecure)
     registry.check()
-    for item in items:
-        push_image(engine, registry, grid, item, report)
+    items = push_forms(engine, registry, grid, gated, report)
     for item in items:
         attach_missing(engine, registry, grid, item, report)
         if signer is not None:
@@ -281,7 +333,8 @@ def write_record(grid: Matrix, item: Publication, records_dir: Path) -> Path:
     record = {
         "cell": item.cell.name,
         "repository": f"{grid.spec.registry}/{grid.spec.repository}",
-        "tags": [item.cell.tag, *item.cell.aliases],
+        "tags": [item.tag, *item.aliases],
+        "compression": item.compression,
         "digest": item.points_to,
         "platform": item.cell.platform,
         **({"image": {"tag": item.image_tag, "digest": item.digest}} if item.tag_digest else {}),
@@ -294,12 +347,12 @@ def write_record(grid: Matrix, item: Publication, records_dir: Path) -> Path:
             "checks": len(checks),
         },
         "gpu": reports.record_entry(item.cell.gpu_gate, item.gpu_report),
-        "sbom": f"{item.image_tag or item.cell.tag}.sbom",
+        "sbom": f"{item.image_tag or item.tag}.sbom",
         "attached": {kind: ARTIFACT_TYPES[kind] for kind in ARTIFACT_TYPES},  # to the digest, as OCI referrers
         "published": times.iso_utc(time.time()),
     }
     records_dir.mkdir(parents=True, exist_ok=True)
-    path = records_dir / f"{item.cell.name}.json"
+    path = records_dir / f"{item.record_name}.json"
     path.write_text(json.dumps(record, indent=1) + "\n")
     return path
 

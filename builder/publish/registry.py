@@ -199,12 +199,17 @@ class Registry:
             raise self._refused(response.status_code)
 
     def _send(
-        self, method: str, url: str, headers: dict[str, str], data: bytes | None, limit: int
+        self, method: str, url: str, headers: dict[str, str], data: bytes | Path | None, limit: int
     ) -> tuple[requests.Response, bytes]:
         sent = dict(headers)
         if self.authorization and same_origin(url, self.base):
             sent["Authorization"] = self.authorization
-        response = self.session.request(method, url, headers=sent, data=data, timeout=30, stream=True)
+        if isinstance(data, Path):  # a layer: streamed from the start of its file on every try
+            with data.open("rb") as body:
+                sent["Content-Length"] = str(data.stat().st_size)
+                response = self.session.request(method, url, headers=sent, data=body, timeout=30, stream=True)
+        else:
+            response = self.session.request(method, url, headers=sent, data=data, timeout=30, stream=True)
         what = f"registry {self.host} ({method} {urllib.parse.urlsplit(url).path[:120]})"
         return response, auth.read_capped(response, limit, what)
 
@@ -213,7 +218,7 @@ class Registry:
         method: str,
         path: str,
         headers: dict[str, str] | None = None,
-        data: bytes | None = None,
+        data: bytes | Path | None = None,
         limit: int = MAX_MANIFEST_BYTES,
     ) -> tuple[int, Mapping[str, str], bytes]:
         """Status, headers (case-insensitive, as HTTP's are) and body (at most `limit` bytes)."""
@@ -293,11 +298,28 @@ class Registry:
             )
         return headers
 
+    @staticmethod
+    def is_digest(text: str) -> bool:
+        return bool(DIGEST.fullmatch(text))
+
+    def has_blob(self, repository: str, digest: str) -> bool:
+        status, _, _ = self._request("HEAD", f"{repository}/blobs/{digest}")
+        return status == 200
+
     def upload_blob(self, repository: str, data: bytes) -> str:
         digest = "sha256:" + hashlib.sha256(data).hexdigest()
-        status, _, _ = self._request("HEAD", f"{repository}/blobs/{digest}")
-        if status == 200:
-            return digest
+        if not self.has_blob(repository, digest):
+            self._upload(repository, digest, data)
+        return digest
+
+    def upload_blob_file(self, repository: str, path: Path, digest: str) -> None:
+        """A blob from a file (a layer of a GB is never held in memory), `digest` its sha256 as
+        its writer computed it; the registry checks it against the bytes it receives."""
+        if not self.has_blob(repository, digest):
+            self._upload(repository, digest, path)
+
+    def _upload(self, repository: str, digest: str, data: bytes | Path) -> None:
+        """A monolithic upload: POST for a location, then one PUT of the whole blob."""
         status, headers, _ = self._request("POST", f"{repository}/blobs/uploads/")
         location = headers.get("Location", "")
         if status != 202 or not location:
@@ -310,8 +332,7 @@ class Registry:
             "PUT", f"{location}{separator}digest={digest}", {"Content-Type": "application/octet-stream"}, data
         )
         if status != 201:
-            raise UserError(f"registry {self.host} did not store a blob ({status})")
-        return digest
+            raise UserError(f"registry {self.host} did not store blob {digest[:19]} ({status})")
 
     def push_artifact(
         self,
