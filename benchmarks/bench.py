@@ -51,12 +51,12 @@ from rich.table import Table
 
 from builder.assemble import backends, build, context, size, smoke, wheelchoice, wheelhouse, wheelserver
 from builder.config import schema
-from builder.engine import daemon, emulation
+from builder.engine import containerd, daemon, emulation
 from builder.lock import inputs
 from builder.lock import requirements as lock
 from builder.plan import matrix
 from builder.plan.cell import Cell
-from builder.publish import loopback, multiarch
+from builder.publish import loopback, multiarch, recompress
 from builder.publish.registry import OCI_MANIFEST, Manifest, Registry
 from builder.render import render, served
 
@@ -145,11 +145,21 @@ def bench_noop_rebuild(grid: matrix.Matrix, cell: Cell, results: list[build.Buil
 
 
 def bench_lock_warm(grid: matrix.Matrix) -> Row:
+    """The Python side of every cell locked again once uv's cache is warm: each distinct set of
+    inputs resolved once (lock.Resolutions), as `lock` does."""
     with tempfile.TemporaryDirectory() as scratch:
         cells = [dataclasses.replace(c, images_root=Path(scratch)) for c in grid.cells]
         list(lock.lock_cells(cells, grid, jobs=4))  # warms uv's cache for every cell
-        seconds = _seconds(lambda: list(lock.lock_cells(cells, grid, jobs=4)))
-    return Row(f"lock all {len(grid.cells)} cells (warm cache)", f"{seconds:.1f} s", "-", None, "report", None)
+        resolutions = lock.Resolutions()
+        seconds = _seconds(lambda: list(lock.lock_cells(cells, grid, jobs=4, resolutions=resolutions)))
+    return Row(
+        f"lock the Python side of all {len(grid.cells)} cells (warm cache)",
+        f"{seconds:.1f} s",
+        f"{resolutions.resolved} uv resolutions for {len(grid.cells)} cells' stack and flavor locks",
+        None,
+        "< 30 s",
+        seconds < 30,
+    )
 
 
 def bench_downloads(grid: matrix.Matrix, cells: list[Cell]) -> Row:
@@ -207,10 +217,12 @@ def _cold_build(grid: matrix.Matrix, cell: Cell, reference: str, settle: bool) -
 
 
 def bench_normalization(grid: matrix.Matrix, cell: Cell, results: list[build.BuildResult]) -> Row:
-    """Both sides measured: the cell as shipped (settle steps in every RUN, normalization after)
-    and the same cell rendered without settle steps and not normalized, both without cache."""
+    """Both sides measured over the same span, the engine's build (and, shipped, the pass after
+    it): the cell as shipped (settle steps in every RUN, normalization after) and the same cell
+    rendered without settle steps and not normalized, both without cache. Finding the base and
+    fetching the inputs happen before either clock starts."""
     client = daemon.client()
-    target = "<= 1.25"
+    target = f"<= {NORMALIZE_RATIO}"
     plain_reference = "torch-images/bench:plain"
     try:
         plain_s = _cold_build(grid, cell, plain_reference, settle=False)
@@ -228,15 +240,19 @@ def bench_normalization(grid: matrix.Matrix, cell: Cell, results: list[build.Bui
     results.append(shipped)
     if shipped.status != "built":
         return Row("normalization overhead", "build failed", shipped.detail, None, target, False)
-    ratio = shipped.seconds / plain_s
+    engine_s, normalize_s = shipped.phases["engine"], shipped.phases["normalize"]
+    ratio = (engine_s + normalize_s) / plain_s
     return Row(
         f"cold build with settle steps + normalization, {cell.name}",
-        f"{shipped.seconds:.0f} s",
+        f"{engine_s + normalize_s:.0f} s (build {engine_s:.0f} s + normalize {normalize_s:.0f} s)",
         f"cold build without either {plain_s:.0f} s",
         ratio,
         target,
-        ratio <= 1.25,
+        ratio <= NORMALIZE_RATIO,
     )
+
+
+NORMALIZE_RATIO = 1.20
 
 
 def bench_selftest(grid: matrix.Matrix, cell: Cell) -> Row:
@@ -447,6 +463,134 @@ def _push_and_pull(client: docker.DockerClient, reference: str, base_reference: 
     return rows
 
 
+def bench_fresh(grid: matrix.Matrix, results: list[build.BuildResult]) -> Row:
+    """`./nox -s build` on a fresh machine, short of its apt installs (on this machine already):
+    the flagship with an empty cache (no wheels, no .debs, no bootstrapped base), its image and
+    its base's tag gone from the engine, then its self-test; each phase timed apart."""
+    client = daemon.client()
+    cell = grid.flagship
+    build.remove_image(client, build.local_reference(grid, cell))
+    with tempfile.TemporaryDirectory(dir=wheelhouse.default_root().parent) as scratch:
+        saved = os.environ.get("TORCH_IMAGES_CACHE")
+        os.environ["TORCH_IMAGES_CACHE"] = scratch
+        try:
+            locks = build.preflight(cell, grid)
+            with contextlib.suppress(docker.errors.ImageNotFound):
+                client.api.remove_image(build.cell_base(client, grid, locks, lambda _: None), noprune=True)
+            shutil.rmtree(Path(scratch), ignore_errors=True)  # what finding the base's tag cached
+            Path(scratch).mkdir()
+            started = time.perf_counter()
+            built = build.build_cell(client, grid, locks, wheelhouse.Wheelhouse(), lambda _: None, no_cache=True)
+            results.append(built)
+            tested = smoke.run(client, build.local_reference(grid, cell), gpus=False) if built.has_image else None
+            total = time.perf_counter() - started
+        finally:
+            if saved is None:
+                os.environ.pop("TORCH_IMAGES_CACHE", None)
+            else:
+                os.environ["TORCH_IMAGES_CACHE"] = saved
+    phases = {**built.phases, "self-test": tested.seconds if tested else 0.0}
+    names = {"base": "base bootstrap", "inputs": "download and verify", "engine": "build", "normalize": "normalize"}
+    breakdown = ", ".join(f"{names.get(k, k)} {v:.0f} s" for k, v in phases.items())
+    return Row(
+        f"fresh flagship {cell.name}: empty cache, no image, then its self-test",
+        f"{total:.0f} s" + ("" if tested and tested.status == "pass" else f" ({built.status})"),
+        breakdown + "; apt installs not included (already on this machine)",
+        None,
+        "report",
+        None if tested and tested.status == "pass" else False,
+    )
+
+
+ZSTD_TARGET, ZSTD_PULL_RATIO = 2.2e9, 0.5
+CTR_NAMESPACE = "torch-images-bench"
+
+
+def bench_zstd(grid: matrix.Matrix) -> list[Row]:
+    """The flagship through a loopback registry: the engine's gzip push, then the builder's zstd
+    form (compression included, from an empty zstd cache), sizes side by side; a second
+    compression from an empty cache (do the bytes reproduce?); then containerd pulls each form,
+    its content store emptied before each."""
+    client = daemon.client()
+    cell = grid.flagship
+    reference = build.local_reference(grid, cell)
+    level = grid.spec.publish.zstd_level
+    if not containerd.available():
+        return [Row("zstd pull through containerd", "-", "no ctr or containerd here", None, "-", None)]
+    with tempfile.TemporaryDirectory() as scratch, loopback.registry(Path(scratch, "registry")) as host:
+        api = Registry(host)
+        client.images.get(reference).tag(f"{host}/bench", "gzip")
+        push_s = _seconds(functools.partial(_push, client, f"{host}/bench", "gzip"))
+        build.remove_image(client, f"{host}/bench:gzip")
+        gzip_form = api.manifest("bench", "gzip")
+        assert gzip_form is not None
+        forms = []
+        for attempt in range(2):  # each from an empty zstd cache: the second shows whether the bytes reproduce
+            cache = Path(scratch, f"zstd-cache-{attempt}")
+            cache.mkdir()
+            with _zstd_cache(cache):
+                seconds = _seconds(lambda: forms.append(
+                    recompress.push_zstd_form(client, api, "bench", gzip_form, level, lambda _: None)
+                ))  # fmt: skip
+            if attempt == 0:
+                zstd_s = seconds
+        api.put_manifest("bench", "zstd", forms[0])
+        gzip_sizes = [layer["size"] for layer in json.loads(gzip_form.body)["layers"]]
+        zstd_sizes = [layer["size"] for layer in json.loads(forms[0].body)["layers"]]
+        pulls = {}
+        for tag in ("gzip", "zstd"):
+            containerd.clear(CTR_NAMESPACE)
+            pulls[tag] = containerd.pull(CTR_NAMESPACE, f"{host}/bench:{tag}", plain_http=True)
+        containerd.clear(CTR_NAMESPACE)
+    largest = sorted(range(len(gzip_sizes)), key=lambda i: -gzip_sizes[i])[:3]
+    ratios = ", ".join(f"{size.human(gzip_sizes[i])} -> {size.human(zstd_sizes[i])}" for i in largest)
+    unpigz = "unpigz on PATH" if shutil.which("unpigz") else "no unpigz: containerd's Go gzip"
+    return [
+        Row(
+            f"compressed size, {cell.name}: zstd level {level}",
+            size.human(sum(zstd_sizes)),
+            f"gzip (the engine's push) {size.human(sum(gzip_sizes))}; largest layers gzip -> zstd: {ratios}",
+            sum(zstd_sizes) / sum(gzip_sizes),
+            f"<= {size.human(ZSTD_TARGET)}",
+            sum(zstd_sizes) <= ZSTD_TARGET,
+        ),
+        Row(
+            "publish time: zstd form, compression and upload by the builder",
+            f"{zstd_s:.0f} s",
+            f"the engine's gzip push {push_s:.0f} s",
+            zstd_s / push_s,
+            "reported",
+            None,
+        ),
+        Row(
+            "zstd form compressed again from an empty cache",
+            "same digest" if forms[0].digest == forms[1].digest else f"{forms[1].digest[:19]} (differs)",
+            f"first {forms[0].digest[:19]}",
+            None,
+            "the same bytes",
+            forms[0].digest == forms[1].digest,
+        ),
+        Row(
+            f"pull through containerd (ctr, content store emptied), zstd, {cell.name}",
+            f"{pulls['zstd']:.0f} s",
+            f"gzip {pulls['gzip']:.0f} s ({unpigz})",
+            pulls["zstd"] / pulls["gzip"],
+            f"<= {ZSTD_PULL_RATIO}",
+            pulls["zstd"] / pulls["gzip"] <= ZSTD_PULL_RATIO,
+        ),
+    ]
+
+
+@contextlib.contextmanager
+def _zstd_cache(where: Path) -> Iterator[None]:
+    saved = recompress.cache_dir
+    recompress.cache_dir = lambda: where
+    try:
+        yield
+    finally:
+        recompress.cache_dir = saved
+
+
 def _push(client: docker.DockerClient, repository: str, tag: str) -> None:
     stream: Iterator[dict[str, Any]] = client.images.push(repository, tag, stream=True, decode=True)
     for chunk in stream:
@@ -564,7 +708,8 @@ def bench_offline(grid: matrix.Matrix, cell: Cell, path: Path) -> list[Row]:
 
 
 BENCHMARKS = [
-    "rebuild", "lock", "downloads", "selftest", "normalize", "size", "pushpull", "skip-existing", "arm64", "offline",
+    "rebuild", "lock", "downloads", "selftest", "normalize", "fresh", "size", "pushpull", "zstd", "skip-existing",
+    "arm64", "offline",
 ]  # fmt: skip
 
 
@@ -589,6 +734,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=BENCHMARKS,
         help="leave a benchmark out (repeatable)",
     )
+    parser.add_argument(
+        "--write-table",
+        type=Path,
+        metavar="MARKDOWN",
+        help="write this run's table between the file's bench markers (docs/benchmarks.md has them)",
+    )
     args = parser.parse_args(argv)
     grid = matrix.load_matrix(Path(args.matrix))
     cell = grid.cell(args.cell) if args.cell else grid.quick_cell
@@ -609,8 +760,12 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(bench_normalization(grid, cell, results))
         if "selftest" not in args.skip:
             rows.append(bench_selftest(grid, cell))
+        if "fresh" not in args.skip:
+            rows.append(bench_fresh(grid, results))
         if "size" not in args.skip:
             rows += bench_size(grid, results, push_pull="pushpull" not in args.skip)
+        if "zstd" not in args.skip:
+            rows += bench_zstd(grid)
         if "skip-existing" not in args.skip:
             rows.append(bench_skip_existing(grid, Path(args.matrix)))
         if "arm64" not in args.skip:
@@ -627,10 +782,40 @@ def main(argv: list[str] | None = None) -> int:
         ratio = f"{row.ratio:.3f}" if row.ratio is not None else "-"
         table.add_row(row.name, row.measured, row.reference, ratio, row.target, verdict)
     console.print(table)
+    if args.write_table:
+        write_table(args.write_table, rows, [name for name in BENCHMARKS if name not in args.skip])
     missed = [row.name for row in rows if row.ok is False]
     if missed:
         console.print(f"targets missed: {'; '.join(missed)}")
     return 1 if missed else 0
+
+
+TABLE_START, TABLE_END = "<!-- bench:start -->", "<!-- bench:end -->"
+
+
+def write_table(path: Path, rows: list[Row], ran: list[str]) -> None:
+    """The run's rows as a Markdown table between the file's markers, with when and what ran."""
+    text = path.read_text()
+    if TABLE_START not in text or TABLE_END not in text:
+        raise SystemExit(f"{path}: no {TABLE_START} ... {TABLE_END} markers to write the table between")
+
+    def cell(value: str) -> str:
+        return value.replace("|", "\\|")
+
+    lines = [
+        f"`./nox -s bench` on {time.strftime('%Y-%m-%d', time.gmtime())}, {os.cpu_count()} cores, one run of: "
+        f"{', '.join(ran)}.",
+        "",
+        "| benchmark | measured | reference | ratio | target | met |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        verdict = "-" if row.ok is None else ("yes" if row.ok else "**no**")
+        ratio = f"{row.ratio:.2f}" if row.ratio is not None else "-"
+        lines.append(f"| {cell(row.name)} | {cell(row.measured)} | {cell(row.reference)} | {ratio} | "
+                     f"{cell(row.target)} | {verdict} |")  # fmt: skip
+    start, end = text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)
+    path.write_text(text[:start] + "\n" + "\n".join(lines) + "\n" + text[end:])
 
 
 if __name__ == "__main__":

@@ -70,6 +70,9 @@ class BuildResult:
     intermediate: str = ""  # the engine's image before normalization, when it differs from the result
     layers: list[tuple[str, int]] = field(default_factory=list)  # (step, bytes) of each layer, bottom first
     recorded: bool | None = None  # whether the image is images/<cell>/image-id (None: none recorded)
+    # Seconds per phase, in order: base (found or bootstrapped), inputs (wheels and .debs fetched
+    # and verified), engine (the build itself), normalize. What the benchmarks break a build into.
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def has_image(self) -> bool:
@@ -191,6 +194,7 @@ def build_cell(
     result = BuildResult(cell.name, reference)
     started = time.monotonic()
     base_reference, result.build_id = cell_build_id(engine, grid, locks, backend, report, house)
+    result.phases["base"] = time.monotonic() - started
     if published is not None and published(result.build_id):
         report(f"{cell.name}: build ID {result.build_id[:12]} is already in the registry; not built")
         result.state, result.seconds = BuildState.IN_REGISTRY, time.monotonic() - started
@@ -209,25 +213,31 @@ def build_cell(
     emulation.ensure(cell.base.arch, report)  # another architecture's RUN steps run under qemu
     report(f"{cell.name}: fetching and verifying wheels")
     house.report = report
+    mark = time.monotonic()
     offer_inputs(house, grid, locks)
+    result.phases["inputs"] = time.monotonic() - mark
     labels = {BUILD_ID_LABEL: result.build_id}
     epoch = grid.spec.source_date_epoch
     request = BuildRequest(cell, reference, base_reference, epoch, no_cache, labels)
+    mark = time.monotonic()
     with wheelserver.serve(house, grid.spec.wheelhouse.listen):
         if backend == "buildkit":
             error = backends.buildkit_build(request, report)
         else:
             error = backends.classic_build(engine, request, report)
+    result.phases["engine"] = time.monotonic() - mark
     result.seconds = time.monotonic() - started
     if error:
         result.state, result.detail = BuildState.FAILED, error
         return result
     raw_id = engine.images.get(reference).id
     if normalize:
+        mark = time.monotonic()
         base_layers = bases.layer_count(engine, base_reference)
         normalized = repro.normalize_image(engine, reference, epoch, base_layers, report)
         if normalized != raw_id:
             result.intermediate = raw_id
+        result.phases["normalize"] = time.monotonic() - mark
         result.seconds = time.monotonic() - started
     image = engine.images.get(reference)
     result.image_id, result.size_bytes, result.state = image.id, int(image.attrs["Size"]), BuildState.BUILT
