@@ -120,7 +120,7 @@ def offer_inputs(house: wheelhouse.Wheelhouse, grid: Matrix, locks: CellLocks) -
     """Fetch and verify everything the cell's RUN steps read, and let the wheelhouse server offer
     it: the wheels and their pages, the helper scripts, the apt repositories of its .debs."""
     house.prepare(locks.cell, grid, locks.python_locks)
-    house.publish_files(served.SUPPORT_FILES)
+    house.publish_files([*served.SUPPORT_FILES, locks.cell.file("spec.json")])
     assert locks.debian is not None  # preflight refuses a cell without its debian.lock
     for packages in (locks.debian.common, render.flavor_step_pins(locks)):
         aptrepo.publish(house, locks.cell.base, locks.debian.files_of(packages))

@@ -1,5 +1,5 @@
-"""The build context: exactly the files the rendered Dockerfile's COPY lines name, as a tar
-with fixed times and owners, and the build ID that hashes it with the base."""
+"""The build context (the rendered Dockerfile: no step COPYs a file) as a tar with fixed times
+and owners, and the build ID that hashes it with the base."""
 
 from __future__ import annotations
 
@@ -8,24 +8,18 @@ import io
 import tarfile
 from pathlib import Path
 
-from builder import paths
 from builder.plan.cell import Cell
 
 
 def context_files(cell: Cell) -> dict[str, Path]:
-    """The build context, by name in the context: the cell's Dockerfile and spec.json, and the
-    self-test with its data. Named the same wherever the files live (a checkout, an installed
-    package, a matrix elsewhere), as the rendered Dockerfile's COPY lines expect."""
-    return {
-        f"images/{cell.name}/Dockerfile": cell.file("Dockerfile"),
-        f"images/{cell.name}/spec.json": cell.file("spec.json"),
-        "image/selftest.py": paths.SELFTEST,
-        "image/gpu_peaks.json": paths.GPU_PEAKS,
-    }
+    """The build context, by name in the context: the cell's Dockerfile alone. Every file a
+    step needs (locks, helper scripts, the self-test, spec.json) is fetched from the wheelhouse
+    server and checked against the sha256 the Dockerfile names, so none is COPY'd."""
+    return {f"images/{cell.name}/Dockerfile": cell.file("Dockerfile")}
 
 
 def context_tar(cell: Cell, epoch: int) -> io.BytesIO:
-    """The build context as a tar of exactly context_files (small: a Dockerfile, specs, scripts)."""
+    """The build context as a tar of exactly context_files."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
         for name, path in sorted(context_files(cell).items()):

@@ -26,10 +26,12 @@ def is_multiarch(grid: Matrix, cell: Cell) -> bool:
     return len(grid.platforms_of(cell)) > 1
 
 
-def image_tag(grid: Matrix, cell: Cell) -> str:
+def image_tag(grid: Matrix, cell: Cell, compression: str = "gzip") -> str:
     """Where the cell's own image goes in the registry: its versioned tag when it is the tag's
-    only platform, else `<tag>-<arch>` (the versioned tag then names the index)."""
-    return f"{cell.tag}-{cell.arch}"[:128] if is_multiarch(grid, cell) else cell.tag
+    only platform, else `<tag>-<arch>` (the versioned tag then names the index); the zstd form's
+    versioned tag is `<tag>-zstd`."""
+    tag = cell.tag + ("" if compression == "gzip" else f"-{compression}")
+    return f"{tag}-{cell.arch}"[:128] if is_multiarch(grid, cell) else tag
 
 
 def check_complete(grid: Matrix, cells: Iterable[Cell], verb: str = "publish") -> None:

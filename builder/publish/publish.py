@@ -221,7 +221,7 @@ def zstd_form(grid: Matrix, item: Publication) -> Publication:
     form = Publication(
         item.cell, item.image_id, item.report, item.build_id, gpu_report=item.gpu_report, compression="zstd"
     )
-    form.image_tag = f"{form.tag}-{item.cell.arch}" if multiarch.is_multiarch(grid, item.cell) else form.tag
+    form.image_tag = multiarch.image_tag(grid, item.cell, form.compression)
     if item.staging_tag:
         form.staging_tag = f"{form.image_tag}{item.staging_tag.removeprefix(item.image_tag)}"
     too_long = [tag for tag in (form.target, *form.aliases) if len(tag) > 128]
@@ -255,12 +255,17 @@ def push_zstd(
     form.digest = manifest.digest
 
 
+def compressions(grid: Matrix) -> list[str]:
+    """The forms each image is published in: gzip always, zstd too where the matrix asks."""
+    return ["gzip", "zstd"] if grid.spec.publish.compression == "zstd" else ["gzip"]
+
+
 def push_forms(
     engine: docker.DockerClient, registry: Registry, grid: Matrix, items: list[Publication], report: Report
 ) -> list[Publication]:
     """Each image through the engine (gzip), then, where the matrix asks for zstd, its zstd form;
     returns every form pushed, gzip first."""
-    forms = [zstd_form(grid, item) for item in items] if grid.spec.publish.compression == "zstd" else []
+    forms = [zstd_form(grid, item) for item in items] if "zstd" in compressions(grid) else []
     for item in items:
         push_image(engine, registry, grid, item, report)
     for item, form in zip(items, forms, strict=False):

@@ -210,6 +210,9 @@ class Registry:
                 response = self.session.request(method, url, headers=sent, data=body, timeout=30, stream=True)
         else:
             response = self.session.request(method, url, headers=sent, data=data, timeout=30, stream=True)
+        if method == "HEAD":  # no body: its Content-Length is the blob's (a layer of a GB), not an answer's
+            response.close()
+            return response, b""
         what = f"registry {self.host} ({method} {urllib.parse.urlsplit(url).path[:120]})"
         return response, auth.read_capped(response, limit, what)
 

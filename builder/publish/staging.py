@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import docker
 from securesystemslib.signer import CryptoSigner
@@ -36,8 +37,8 @@ Report = Callable[[str], None]
 RUN = grammar.Grammar(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,39}", "a run ID of letters, digits, '_' and '-' (CI's run number)")
 
 
-def staging_tag(grid: Matrix, cell: Cell, run: str) -> str:
-    return f"{multiarch.image_tag(grid, cell)}.staging-{run}"[:128]
+def staging_tag(grid: Matrix, cell: Cell, run: str, compression: str = "gzip") -> str:
+    return f"{multiarch.image_tag(grid, cell, compression)}.staging-{run}"[:128]
 
 
 def check_run(run: str) -> str:
@@ -57,15 +58,19 @@ def stage(
 ) -> list[Publication]:
     check_run(run)  # one platform at a time is fine here: the index is made only at promotion
     local = [c for c in cells if _built_here(engine, grid, c)]
-    items = publish.gate(engine, grid, local)
-    for item in items:
+    gated = publish.gate(engine, grid, local)
+    for item in gated:
         item.staging_tag = staging_tag(grid, item.cell, run)
-        publish.push_image(engine, registry, grid, item, report)
+    items = publish.push_forms(engine, registry, grid, gated, report)  # and the zstd forms, where asked
+    for item in items:
         publish.attach_missing(engine, registry, grid, item, report)
         if signer is not None:
             publish.attach_attestations(registry, grid, item, signer, report)
     for cell in (c for c in cells if c not in local):
-        items.append(_stage_published(engine, registry, grid, cell, run, report))
+        items += [
+            _stage_published(engine, registry, grid, cell, run, compression, report)
+            for compression in publish.compressions(grid)
+        ]
     return items
 
 
@@ -78,7 +83,13 @@ def _built_here(engine: docker.DockerClient, grid: Matrix, cell: Cell) -> bool:
 
 
 def _stage_published(
-    engine: docker.DockerClient, registry: Registry, grid: Matrix, cell: Cell, run: str, report: Report
+    engine: docker.DockerClient,
+    registry: Registry,
+    grid: Matrix,
+    cell: Cell,
+    run: str,
+    compression: str,
+    report: Report,
 ) -> Publication:
     """A cell not built here because its build is in the registry: stage that manifest."""
     _, build_id = build.cell_build_id(engine, grid, build.preflight(cell, grid), report=report)
@@ -87,15 +98,19 @@ def _stage_published(
             f"{cell.name}: not built here and build ID {build_id[:12]} is not in {grid.spec.registry}; "
             f"run `python -m builder build {cell.name}`"
         )
-    published = multiarch.image_tag(grid, cell)
+    published = multiarch.image_tag(grid, cell, compression)
     manifest = registry.manifest(grid.spec.repository, published)
     if manifest is None:
         raise UserError(
-            f"{cell.name}: {published} is not in {grid.spec.registry}; run `python -m builder build {cell.name}`"
+            f"{cell.name}: {published} is not in {grid.spec.registry}; run `python -m builder build {cell.name}` "
+            "(without --skip-existing) so that it can be made"
         )
-    registry.put_manifest(grid.spec.repository, staging_tag(grid, cell, run), manifest)
+    registry.put_manifest(grid.spec.repository, staging_tag(grid, cell, run, compression), manifest)
     report(f"{cell.name}: staged the published {published} ({manifest.digest[:19]}), build ID {build_id[:12]}")
-    return Publication(cell, "", {}, build_id=build_id, digest=manifest.digest, unchanged=True, image_tag=published)
+    return Publication(
+        cell, "", {}, build_id=build_id, digest=manifest.digest, unchanged=True, image_tag=published,
+        compression=compression,
+    )  # fmt: skip
 
 
 def gpu_test(
@@ -142,15 +157,41 @@ def gpu_test(
             raise UserError(f"{cell.name}: {reference} pulled as image {pulled.id[7:19]}, staged as {image_id[7:19]}")
         result = smoke.run(engine, reference, gpus=True)
         build_id = (pulled.labels or {}).get(BUILD_ID_LABEL, "")
-        reports.attach(registry, repository, manifest, tag, result.report, build_id, cell.tag)
-        if signer is not None:
-            about = provenance.Subject(f"{grid.spec.registry}/{repository}", manifest.digest, image_id, build_id)
-            provenance.attach_report(registry, repository, manifest, tag, about, result.report, signer)
+        attached = attach_gpu_report(registry, grid, cell, run, image_id, build_id, result.report, signer)
         why = smoke.why_not_a_gpu_pass(result.report, image_id)
         verdict = "pass" if why is None else f"not a pass: {why}"
-        report(f"{cell.name}: GPU self-test {verdict}, attached to {manifest.digest[:19]}")
+        report(f"{cell.name}: GPU self-test {verdict}, attached to {', '.join(d[:19] for d in attached)}")
         results.append(why)
     return results
+
+
+def attach_gpu_report(
+    registry: Registry,
+    grid: Matrix,
+    cell: Cell,
+    run: str,
+    image_id: str,
+    build_id: str,
+    result: dict[str, Any],
+    signer: CryptoSigner | None,
+) -> list[str]:
+    """The GPU stage's report attached to each staged form of the image (gzip, and zstd where the
+    matrix asks): one image ID, so one report proves both. Returns the digests it went to."""
+    repository, attached = grid.spec.repository, []
+    for compression in publish.compressions(grid):
+        tag = staging_tag(grid, cell, run, compression)
+        manifest = registry.manifest(repository, tag)
+        if manifest is None or manifest.media_type not in IMAGE_TYPES:
+            raise UserError(f"{cell.name}: {tag} is not one image in {grid.spec.registry}; stage it first")
+        if json.loads(manifest.body)["config"]["digest"] != image_id:
+            raise UserError(f"{cell.name}: {tag} is not image {image_id[7:19]}, which was tested; nothing attached")
+        versioned = cell.tag + ("" if compression == "gzip" else f"-{compression}")
+        reports.attach(registry, repository, manifest, tag, result, build_id, versioned)
+        if signer is not None:
+            about = provenance.Subject(f"{grid.spec.registry}/{repository}", manifest.digest, image_id, build_id)
+            provenance.attach_report(registry, repository, manifest, tag, about, result, signer)
+        attached.append(manifest.digest)
+    return attached
 
 
 def gate_in_registry(registry: Registry, grid: Matrix, cells: list[Cell], run: str) -> list[Publication]:
@@ -160,18 +201,19 @@ def gate_in_registry(registry: Registry, grid: Matrix, cells: list[Cell], run: s
     multiarch.check_complete(grid, cells, "promote")
     ready, refused = [], []
     for cell in cells:
-        found = _staged(registry, grid, cell, run)
-        if isinstance(found, str):
-            refused.append(f"{cell.name}: {found}")
-        else:
-            ready.append(found)
+        for compression in publish.compressions(grid):
+            found = _staged(registry, grid, cell, run, compression)
+            if isinstance(found, str):
+                refused.append(f"{cell.name}: {found}")
+            else:
+                ready.append(found)
     if refused:
         raise UserError("refused, nothing promoted: " + " | ".join(refused))
     return ready
 
 
-def _staged(registry: Registry, grid: Matrix, cell: Cell, run: str) -> Publication | str:
-    repository, tag = grid.spec.repository, staging_tag(grid, cell, run)
+def _staged(registry: Registry, grid: Matrix, cell: Cell, run: str, compression: str) -> Publication | str:
+    repository, tag = grid.spec.repository, staging_tag(grid, cell, run, compression)
     manifest = registry.manifest(repository, tag)
     if manifest is None:
         return f"not staged ({tag} is not in {grid.spec.registry})"
@@ -189,7 +231,7 @@ def _staged(registry: Registry, grid: Matrix, cell: Cell, run: str) -> Publicati
     build_id = existing.published_build_id(registry, repository, tag) or ""
     return Publication(
         cell, image_id, gated.report, build_id=build_id, digest=manifest.digest,
-        image_tag=multiarch.image_tag(grid, cell), gpu_report=gated.gpu_report,
+        image_tag=multiarch.image_tag(grid, cell, compression), gpu_report=gated.gpu_report, compression=compression,
     )  # fmt: skip
 
 
@@ -209,12 +251,13 @@ def promote(
         if current is not None and current.digest == item.digest:
             item.unchanged = True
             continue
-        staged = registry.manifest(repository, staging_tag(grid, item.cell, run))
+        staged_tag = staging_tag(grid, item.cell, run, item.compression)
+        staged = registry.manifest(repository, staged_tag)
         if staged is None or staged.digest != item.digest:
-            raise UserError(f"{repository}:{staging_tag(grid, item.cell, run)} changed while promoting; nothing moved")
+            raise UserError(f"{repository}:{staged_tag} changed while promoting; nothing moved")
         registry.put_manifest(repository, item.target, staged)
         report(f"{item.target} -> {item.digest[:19]}")
-        _name_artifacts(registry, repository, item, staging_tag(grid, item.cell, run))
+        _name_artifacts(registry, repository, item, staged_tag)
     multiarch.push_indexes(registry, grid, items, report)
     publish.finish(registry, grid, items, report, records_dir, readme)
     return items

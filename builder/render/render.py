@@ -152,18 +152,17 @@ def rendered(locks: CellLocks, grid: Matrix, settle: bool = True) -> dict[Path, 
     """The files render writes for one cell, by path (settle=False only for the benchmark)."""
     cell = locks.cell
     values = context(locks, grid, settle)
-    check_values(values)
-    dockerfile = environment().get_template("Dockerfile.j2").render(values)
     spec = {
         "_generated": NOTICE,
         **cell.spec(),
         "locked": values["facts"],
         "labels": values["version_labels"],
     }
-    return {
-        cell.file("Dockerfile"): dockerfile,
-        cell.file("spec.json"): json.dumps(spec, indent=1) + "\n",
-    }
+    spec_text = json.dumps(spec, indent=1) + "\n"
+    values["spec_file"] = served.served_text("spec.json", spec_text)  # the image fetches it by its sha256
+    check_values(values)
+    dockerfile = environment().get_template("Dockerfile.j2").render(values)
+    return {cell.file("Dockerfile"): dockerfile, cell.file("spec.json"): spec_text}
 
 
 def plan_text(grid: Matrix) -> str:

@@ -15,16 +15,21 @@ from builder.lock.aptindex import ArchiveFile
 from builder.lock.requirements import Lockfile
 
 # Helper scripts that RUN steps fetch from the wheelhouse server (see partials/fetch.j2).
-SUPPORT_FILES = tuple(
-    paths.TEMPLATES / "scripts" / name
-    for name in (
-        "settle-layer.sh",
-        "hardlink-duplicates.py",
-        "link-cuda-home.sh",
-        "lock-subset.py",
-        "prune-paths.py",
-        "owners-of.sh",
-    )
+# Helper scripts, and the self-test with its datasheet peaks (fetched by the last RUN).
+SUPPORT_FILES = (
+    *(
+        paths.TEMPLATES / "scripts" / name
+        for name in (
+            "settle-layer.sh",
+            "hardlink-duplicates.py",
+            "link-cuda-home.sh",
+            "lock-subset.py",
+            "prune-paths.py",
+            "owners-of.sh",
+        )
+    ),
+    paths.SELFTEST,
+    paths.GPU_PEAKS,
 )
 
 
@@ -57,6 +62,12 @@ def support_file(path: Path) -> ServedFile:
     """A helper script as the Dockerfile names it: under a folder named by its content."""
     sha256 = digests.sha256_file(path)
     return ServedFile(path.name, f"files/{sha256[:16]}/{path.name}", sha256)
+
+
+def served_text(name: str, text: str) -> ServedFile:
+    """A file render writes (a cell's spec.json) as the Dockerfile names it, from its text."""
+    sha256 = hashlib.sha256(text.encode()).hexdigest()
+    return ServedFile(name, f"files/{sha256[:16]}/{name}", sha256)
 
 
 def lock_ref(lock: Lockfile) -> LockRef:

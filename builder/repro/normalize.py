@@ -5,10 +5,13 @@ The engine's classic builder stamps the build time on every file it writes and o
 config. Most of that is undone inside the build: every rendered RUN step ends with
 settle-layer.sh (mtimes clamped to SOURCE_DATE_EPOCH, logs, caches and /tmp emptied), and
 the engine then writes such a layer the same way every time (directory order, numeric
-times, root owners). After the build, one streaming pass over `docker save` checks each
-layer entry by entry. Settled layers are kept byte for byte; an unsettled one (a COPY step
-stamps the build time on the directories it writes into) is rewritten: entries sorted by
-name, mtimes clamped, numeric owners, hard links kept valid, volatile files dropped. The
+times, root owners). The rendered images have no COPY step, so when the engine's history shows
+every layer came from such a RUN, only the config is rewritten: rebuilt from inspect and
+history (`config_from_engine`), loaded with no layer. Otherwise (a Dockerfile of another
+shape), one streaming pass over `docker save` checks each layer entry by entry. Settled
+layers are kept byte for byte; an unsettled one (a COPY step stamps the build time on the
+directories it writes into) is rewritten: entries sorted by name, mtimes clamped, numeric
+owners, hard links kept valid, volatile files dropped. The
 config gets fixed times and loses the fields that name the build host, and the result is
 loaded back under the same tag, sending the engine only the layers it does not have.
 Bytecode is already deterministic: under SOURCE_DATE_EPOCH py_compile writes hash-based .pyc.
@@ -109,6 +112,51 @@ def _scan_image(
     return SavedImage(config, scans)
 
 
+# How a RUN step of the rendered Dockerfiles ends (templates/partials/settle.j2): such a layer is
+# settled when the engine writes it.
+SETTLED_RUN_END = "&& sh /opt/torch-images/settle-layer.sh"
+NOP = "#(nop) "
+
+
+def _makes_layer(created_by: str) -> bool:
+    """Whether a classic-builder history entry made a layer: RUN, COPY and ADD do; the other
+    instructions (`#(nop)` ENV, LABEL, ARG, CMD ...) are `empty_layer` entries."""
+    if NOP not in created_by:
+        return True
+    return created_by.split(NOP, 1)[1].lstrip().startswith(("COPY ", "ADD "))
+
+
+def config_from_engine(engine: docker.DockerClient, image_id: str, keep: int) -> dict[str, Any] | None:
+    """The image's config as `docker save` would give it, rebuilt from the engine's inspect and
+    history answers, when every layer above the first `keep` came from a RUN step that ended
+    with settle-layer.sh; None otherwise (a COPY step, or a history that does not add up).
+
+    The fields normalization keeps are all there: inspect's Config is the config's `config`
+    (plus `Image`, which normalization drops), and the history's instructions say which entries
+    made no layer. A test checks the rebuilt config of a normalized image hashes to its ID."""
+    attrs = engine.api.inspect_image(image_id)
+    diff_ids: list[str] = attrs["RootFS"]["Layers"]
+    history = list(reversed(engine.api.history(image_id)))  # the API lists the newest first
+    layered = [entry for entry in history if _makes_layer(entry["CreatedBy"])]
+    if len(layered) != len(diff_ids):
+        return None
+    if not all(entry["CreatedBy"].rstrip().endswith(SETTLED_RUN_END) for entry in layered[keep:]):
+        return None
+    config: dict[str, Any] = {"architecture": attrs["Architecture"], "os": attrs["Os"], "config": attrs["Config"]}
+    if attrs.get("Variant"):
+        config["variant"] = attrs["Variant"]
+    config["history"] = [
+        {
+            "created_by": entry["CreatedBy"],
+            **({} if _makes_layer(entry["CreatedBy"]) else {"empty_layer": True}),
+            **({"comment": entry["Comment"]} if entry.get("Comment") else {}),
+        }
+        for entry in history
+    ]
+    config["rootfs"] = {"type": "layers", "diff_ids": diff_ids}
+    return config
+
+
 def normalize_image(
     engine: docker.DockerClient, reference: str, epoch: int, keep: int = 0, report: Report = print
 ) -> str:
@@ -127,6 +175,12 @@ def normalize_image(
         return known
     report(f"normalizing {reference}")
     diff_ids: list[str] = raw.attrs["RootFS"]["Layers"]
+    settled = config_from_engine(engine, raw.id, keep)
+    if settled is not None:  # every layer as the engine wrote it: only the config changes
+        config_bytes = normalize_config(settled, diff_ids, epoch)
+        loaded = archive.load(engine, config_bytes, [(d, None) for d in diff_ids], reference, epoch)
+        _remember(raw.id, loaded[0].id)
+        return str(loaded[0].id)
     with tempfile.TemporaryDirectory(dir=manifests.cache_dir()) as scratch:
         workdir = Path(scratch)
         saved = _scan_image(engine, raw.id, epoch, workdir, lambda _, size: size <= SMALL_LAYER)

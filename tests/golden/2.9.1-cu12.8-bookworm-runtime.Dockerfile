@@ -191,11 +191,19 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
 # ---- flavor runtime: nothing beyond the torch stack ------------------------------------
 
 # ---- self-test: torch and the standard library only; `docker run IMAGE torch-selftest` ---
-# The last layers: small, so the builder normalizes them after the build in no time.
-COPY image/selftest.py /opt/torch-images/selftest.py
-COPY image/gpu_peaks.json /opt/torch-images/gpu_peaks.json
-COPY images/2.9.1-cu12.8-bookworm-runtime/spec.json /opt/torch-images/spec.json
-RUN ln -s /opt/torch-images/selftest.py /opt/venv/bin/torch-selftest \
+# Fetched and checked by sha256, not COPY'd: a COPY layer carries the build time on the
+# directories it writes into, and rewriting it after the build means reading the whole image
+# back (`docker save`); a settled RUN layer is kept as the engine wrote it.
+RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
+      http://127.0.0.1:8741/files/5e1adbe60447495b/selftest.py /opt/torch-images/selftest.py \
+ && echo "5e1adbe60447495b88cbce0871c050f8112979be8191c8331afd1d339274132f  /opt/torch-images/selftest.py" | sha256sum --check --quiet \
+ && python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
+      http://127.0.0.1:8741/files/46c22d74beacda48/gpu_peaks.json /opt/torch-images/gpu_peaks.json \
+ && echo "46c22d74beacda48e707b0ee40836307ab98a6b9d72ccff0644cbb5945e69a0b  /opt/torch-images/gpu_peaks.json" | sha256sum --check --quiet \
+ && python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
+      http://127.0.0.1:8741/files/d79586f1dc504687/spec.json /opt/torch-images/spec.json \
+ && echo "d79586f1dc504687e35e73267b25322ccd92ad8b3ef1bf6ff33ab652423a7a63  /opt/torch-images/spec.json" | sha256sum --check --quiet \
+ && ln -s /opt/torch-images/selftest.py /opt/venv/bin/torch-selftest \
  && chmod 0755 /opt/torch-images/selftest.py \
  && sh /opt/torch-images/settle-layer.sh
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import pytest
 
 from builder.assemble import build, wheelhouse
 from builder.engine import bases
 from builder.repro import normalize, verify
+from builder.repro.layers import normalize_config
 from tests.integration.conftest import BuiltCell
 
 pytestmark = pytest.mark.integration
@@ -51,3 +53,15 @@ def test_a_rebuild_without_cache_gives_the_same_image_and_layers(built: BuiltCel
     kept = [raw == final for raw, final in zip(raw_layers, layers(built, normalized), strict=True)]
     first_copy = kept.index(False)
     assert first_copy > keep + 1 and all(kept[:first_copy]) and first_copy >= len(kept) - 4
+
+
+def test_the_config_rebuilt_from_the_engine_hashes_to_the_normalized_images_id(built: BuiltCell) -> None:
+    """The normalization's fast path (every layer from a settled RUN step: only the config is
+    rewritten, no `docker save`) rebuilds the config from inspect and history; on the built
+    image, normalizing that again must give the very bytes its ID is the hash of."""
+    base = build.cell_base(built.client, built.grid, build.preflight(built.cell, built.grid), lambda _: None)
+    keep = bases.layer_count(built.client, base)
+    config = normalize.config_from_engine(built.client, built.image_id, keep)
+    assert config is not None, "a layer above the base is not from a settled RUN step"
+    rebuilt = normalize_config(config, config["rootfs"]["diff_ids"], built.grid.spec.source_date_epoch)
+    assert "sha256:" + hashlib.sha256(rebuilt).hexdigest() == built.image_id

@@ -14,8 +14,9 @@ import pytest
 
 from builder.assemble import smoke
 from builder.engine import containerd
+from builder.errors import UserError
 from builder.plan.matrix import Matrix
-from builder.publish import publish, recompress
+from builder.publish import publish, recompress, reports, staging
 from tests.integration.conftest import BuiltCell, RunningRegistry
 
 pytestmark = pytest.mark.integration
@@ -153,3 +154,53 @@ def test_an_engine_older_than_docker_23_cannot_pull_the_zstd_form(
     finally:
         with contextlib.suppress(docker.errors.ImageNotFound):
             client.images.remove(image.id, force=True)
+
+
+def test_ci_stages_and_promotes_both_forms_and_the_gpu_stage_attaches_to_both(
+    built: BuiltCell,
+    smoke_result: smoke.SmokeResult,
+    start_registry,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "no-docker-config"))
+    _empty_zstd_cache(monkeypatch, tmp_path / "cache")
+    registry = start_registry()
+    grid, api, say = _zstd_grid(built, registry), registry.api(), (lambda _: None)
+    staged = staging.stage(built.client, api, grid, [built.cell], "z1", say)
+    assert [item.compression for item in staged] == ["gzip", "zstd"]
+    zstd_tag = staging.staging_tag(grid, built.cell, "z1", "zstd")
+    assert zstd_tag == f"{built.cell.tag}-zstd.staging-z1"
+    zstd_staged = api.manifest("torch", zstd_tag)
+    assert zstd_staged is not None and recompress.is_zstd_form(zstd_staged, built.image_id)
+    assert api.manifest("torch", f"{built.cell.tag}-zstd") is None  # staging moves no versioned tag
+
+    # What the GPU stage does with its report: one image ID, so it goes to both staged forms.
+    attached = staging.attach_gpu_report(
+        api, grid, built.cell, "z1", built.image_id, built.build_id, smoke_result.report, None
+    )
+    assert attached == [item.digest for item in staged]
+    assert all(len(reports.attached(api, "torch", digest)) == 2 for digest in attached)
+    with pytest.raises(UserError, match="is not image"):
+        staging.attach_gpu_report(api, grid, built.cell, "z1", "sha256:" + "0" * 64, "", smoke_result.report, None)
+
+    records, readme = tmp_path / "records", tmp_path / "README.md"
+    readme.write_text(f"# x\n{publish.TABLE_START}\n{publish.TABLE_END}\n")
+    promoted = staging.promote(api, grid, [built.cell], "z1", say, records, readme)
+    assert {item.target: item.digest for item in promoted} == {
+        built.cell.tag: staged[0].digest,
+        f"{built.cell.tag}-zstd": staged[1].digest,
+    }
+    for alias in built.cell.aliases:
+        assert api.manifest("torch", f"{alias}-zstd").digest == staged[1].digest  # type: ignore[union-attr]
+    assert (records / f"{built.cell.name}.zstd.json").exists()
+    assert f"{built.cell.tag}-zstd`" in readme.read_text()
+
+    # A cell --skip-existing did not build is staged from the registry, in both forms.
+    local = built.client.images.get(built.reference)
+    built.client.images.remove(built.reference)
+    try:
+        again = staging.stage(built.client, api, grid, [built.cell], "z2", say)
+    finally:
+        local.tag(*built.reference.split(":", 1))
+    assert [item.digest for item in again] == [item.digest for item in staged]

@@ -177,6 +177,16 @@ def test_a_huge_manifest_is_refused_without_reading_it_whole(hostile: tuple[str,
     assert f"more than the {registry.MAX_MANIFEST_BYTES} such an answer may hold" in one_line(refused)
 
 
+def test_a_head_for_a_layer_of_a_gb_is_not_an_answer_over_the_cap(hostile: tuple[str, type[Scripted]]) -> None:
+    """HEAD's Content-Length is the blob's size; there is no body to cap (the zstd upload asks
+    whether a layer of 477 MB is there, and was refused)."""
+    host, handler = hostile
+    digest = "sha256:" + "a" * 64
+    handler.routes = {f"/v2/torch/blobs/{digest}": (200, {"Content-Length": str(477 << 20)}, b"")}
+    assert Registry(host, retries=0).has_blob("torch", digest)
+    assert not Registry(host, retries=0).has_blob("torch", "sha256:" + "b" * 64)
+
+
 def test_an_endless_answer_without_a_length_is_cut_at_the_cap() -> None:
     class Endless(Scripted):
         def do_GET(self) -> None:

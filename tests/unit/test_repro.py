@@ -186,6 +186,15 @@ class FakeEngine:
     def get(self, reference: str) -> FakeImage:
         return self.raw
 
+    def inspect_image(self, image_id: str) -> dict[str, object]:
+        return {**self.raw.attrs, "Architecture": "amd64", "Os": "linux", "Config": {}}
+
+    def history(self, image_id: str) -> list[dict[str, str]]:
+        """Base, RUN, COPY, RUN (newest first, as the engine lists it): the COPY's layer is unsettled."""
+        run = "/bin/sh -c step && sh /opt/torch-images/settle-layer.sh"
+        steps = ["bootstrap", run, "/bin/sh -c #(nop) COPY file:ab in /opt/torch-images/spec.json ", run]
+        return [{"CreatedBy": line, "Comment": ""} for line in reversed(steps)]
+
     def get_image(self, image_id: str, chunk_size: int) -> list[bytes]:
         self.saves += 1
         buffer = io.BytesIO()
@@ -243,3 +252,35 @@ def test_normalizing_sends_back_only_the_first_unsettled_layer_and_those_above_i
 def _members(archive: bytes) -> dict[str, bytes]:
     with tarfile.open(fileobj=io.BytesIO(archive)) as opened:
         return {m.name: opened.extractfile(m).read() for m in opened.getmembers() if m.isreg()}  # type: ignore[union-attr]
+
+
+class _FakeApi:
+    def __init__(self, history: list[str], layers_count: int) -> None:
+        self._history, self._count = history, layers_count
+
+    def inspect_image(self, image_id: str) -> dict[str, object]:
+        diff_ids = [f"sha256:{i:064x}" for i in range(self._count)]
+        return {"RootFS": {"Layers": diff_ids}, "Architecture": "amd64", "Os": "linux", "Config": {"Env": []}}
+
+    def history(self, image_id: str) -> list[dict[str, object]]:
+        return [{"CreatedBy": line, "Comment": ""} for line in reversed(self._history)]
+
+
+class _FakeEngine:
+    def __init__(self, history: list[str], layers_count: int) -> None:
+        self.api = _FakeApi(history, layers_count)
+
+
+RUN = "|1 PYTHONHASHSEED=0 /bin/sh -c pip install x  && sh /opt/torch-images/settle-layer.sh"
+
+
+def test_only_an_image_whose_layers_all_come_from_settled_runs_skips_docker_save() -> None:
+    settled = ["bootstrap bookworm", "/bin/sh -c #(nop)  ENV A=1", RUN, "/bin/sh -c #(nop)  LABEL x=y", RUN]
+    config = normalize.config_from_engine(_FakeEngine(settled, 3), "sha256:x", 1)  # type: ignore[arg-type]
+    assert config is not None
+    assert [bool(h.get("empty_layer")) for h in config["history"]] == [False, True, False, True, False]
+    copied = [*settled, "/bin/sh -c #(nop) COPY file:abc in /opt/x "]
+    assert normalize.config_from_engine(_FakeEngine(copied, 4), "sha256:x", 1) is None  # type: ignore[arg-type]
+    unsettled = [*settled, "/bin/sh -c touch /x"]
+    assert normalize.config_from_engine(_FakeEngine(unsettled, 4), "sha256:x", 1) is None  # type: ignore[arg-type]
+    assert normalize.config_from_engine(_FakeEngine(settled, 4), "sha256:x", 1) is None  # type: ignore[arg-type]
