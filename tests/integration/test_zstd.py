@@ -176,8 +176,9 @@ def test_ci_stages_and_promotes_both_forms_and_the_gpu_stage_attaches_to_both(
     assert api.manifest("torch", f"{built.cell.tag}-zstd") is None  # staging moves no versioned tag
 
     # What the GPU stage does with its report: one image ID, so it goes to both staged forms.
+    second_report = {**smoke_result.report, "run_by": "the GPU stage"}  # another run's report, not the same bytes
     attached = staging.attach_gpu_report(
-        api, grid, built.cell, "z1", built.image_id, built.build_id, smoke_result.report, None
+        api, grid, built.cell, "z1", built.image_id, built.build_id, second_report, None
     )
     assert attached == [item.digest for item in staged]
     assert all(len(reports.attached(api, "torch", digest)) == 2 for digest in attached)
