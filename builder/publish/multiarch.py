@@ -16,7 +16,7 @@ from builder.engine import archive
 from builder.errors import UserError
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
-from builder.publish.publication import Publication
+from builder.publish.publication import Publication, tag_suffix
 from builder.publish.registry import OCI_INDEX, Manifest, Registry
 
 Report = Callable[[str], None]
@@ -30,7 +30,7 @@ def image_tag(grid: Matrix, cell: Cell, compression: str = "gzip") -> str:
     """Where the cell's own image goes in the registry: its versioned tag when it is the tag's
     only platform, else `<tag>-<arch>` (the versioned tag then names the index); the zstd form's
     versioned tag is `<tag>-zstd`."""
-    tag = cell.tag + ("" if compression == "gzip" else f"-{compression}")
+    tag = cell.tag + tag_suffix(compression)
     return f"{tag}-{cell.arch}"[:128] if is_multiarch(grid, cell) else tag
 
 

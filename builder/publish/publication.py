@@ -9,6 +9,11 @@ from typing import Any
 from builder.plan.cell import Cell
 
 
+def tag_suffix(compression: str) -> str:
+    """What the tags of one form of an image add: nothing for gzip, `-zstd` for the zstd form."""
+    return "" if compression == "gzip" else f"-{compression}"
+
+
 @dataclass
 class Publication:
     cell: Cell
@@ -29,7 +34,7 @@ class Publication:
 
     @property
     def suffix(self) -> str:
-        return "" if self.compression == "gzip" else f"-{self.compression}"
+        return tag_suffix(self.compression)
 
     @property
     def tag(self) -> str:

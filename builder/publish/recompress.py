@@ -42,7 +42,6 @@ Report = Callable[[str], None]
 ZSTD_LAYER = "application/vnd.oci.image.layer.v1.tar+zstd"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 COMPRESSION_ANNOTATION = "io.torch-images.compression"
-SUFFIX = "-zstd"  # the tags of the zstd form: `<tag>-zstd`, `<alias>-zstd`
 CHUNK = 1 << 20
 
 

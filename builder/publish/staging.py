@@ -29,7 +29,7 @@ from builder.errors import UserError
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
 from builder.publish import existing, multiarch, provenance, publish, reports
-from builder.publish.publication import Publication
+from builder.publish.publication import Publication, tag_suffix
 from builder.publish.publish import ARTIFACT_TYPES
 from builder.publish.registry import IMAGE_TYPES, Registry
 
@@ -185,8 +185,7 @@ def attach_gpu_report(
             raise UserError(f"{cell.name}: {tag} is not one image in {grid.spec.registry}; stage it first")
         if json.loads(manifest.body)["config"]["digest"] != image_id:
             raise UserError(f"{cell.name}: {tag} is not image {image_id[7:19]}, which was tested; nothing attached")
-        versioned = cell.tag + ("" if compression == "gzip" else f"-{compression}")
-        reports.attach(registry, repository, manifest, tag, result, build_id, versioned)
+        reports.attach(registry, repository, manifest, tag, result, build_id, cell.tag + tag_suffix(compression))
         if signer is not None:
             about = provenance.Subject(f"{grid.spec.registry}/{repository}", manifest.digest, image_id, build_id)
             provenance.attach_report(registry, repository, manifest, tag, about, result, signer)
