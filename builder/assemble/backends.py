@@ -66,38 +66,63 @@ def classic_build(engine: docker.DockerClient, request: BuildRequest, report: Re
     return ""
 
 
+def _cli_version(cli: str) -> tuple[str, str]:
+    """A docker CLI's own version and the API version it speaks (asked without a daemon)."""
+    answer = subprocess.run(
+        [cli, "version", "--format", "{{.Client.Version}} {{.Client.APIVersion}}"],
+        capture_output=True, text=True, check=False, env={**os.environ, "DOCKER_HOST": "unix:///nonexistent"},
+    ).stdout.split()  # fmt: skip
+    return (answer[0], answer[1]) if len(answer) == 2 else ("", "")
+
+
+def _api(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split(".") if part.isdigit())
+
+
 def legacy_docker_cli(cli: str) -> bool:
     """Whether a docker CLI predates 23.0: such a CLI (Debian's 20.10) runs the classic builder by
     default and BuildKit with DOCKER_BUILDKIT=1; later ones run BuildKit only, through buildx."""
-    version = subprocess.run(
-        [cli, "version", "--format", "{{.Client.Version}}"], capture_output=True, text=True, check=False
-    ).stdout.strip()
+    version = _cli_version(cli)[0]
     return bool(version) and int(version.split(".")[0]) < 23
 
 
-def buildkit_command() -> tuple[list[str], dict[str, str]] | None:
-    """A docker CLI that runs BuildKit builds against this engine, and how to call it.
+def cli_candidates() -> list[str]:
+    """The docker CLIs on this host: PATH's first (the user's choice), then the distro's."""
+    return [
+        cli for cli in dict.fromkeys([shutil.which("docker") or "", "/usr/bin/docker"]) if cli and Path(cli).exists()
+    ]
 
-    Debian's docker.io 20.10 CLI builds with BuildKit when DOCKER_BUILDKIT=1; newer CLIs need
-    the buildx plugin (and refuse BuildKit builds without it).
+
+def buildkit_command(engine: docker.DockerClient) -> tuple[list[str], dict[str, str]] | str:
+    """A docker CLI that runs BuildKit builds against this engine, and how to call it; or why none.
+
+    The daemon refuses a CLI older than its minimum API version (Docker 29 refuses Debian's 20.10
+    CLI), so only CLIs it accepts are tried. Debian's docker.io 20.10 CLI builds with BuildKit
+    when DOCKER_BUILDKIT=1; newer CLIs need the buildx plugin (and refuse BuildKit builds without it).
     """
-    for cli in dict.fromkeys(["/usr/bin/docker", shutil.which("docker") or ""]):
-        if not cli or not Path(cli).exists():
-            continue
+    minimum = str(engine.version().get("MinAPIVersion", "1.12"))
+    accepted = [cli for cli in cli_candidates() if _api(_cli_version(cli)[1] or "0") >= _api(minimum)]
+    for cli in accepted:
         if subprocess.run([cli, "buildx", "version"], capture_output=True, check=False).returncode == 0:
             return [cli, "buildx", "build", "--load"], {}
         if legacy_docker_cli(cli):
             return [cli, "build"], {"DOCKER_BUILDKIT": "1"}
-    return None
-
-
-def buildkit_build(request: BuildRequest, report: Report) -> str:
-    """Run the build with BuildKit through the docker CLI; returns the error, or "" on success."""
-    found = buildkit_command()
-    if found is None:
-        raise UserError(
-            "no docker CLI here runs BuildKit builds (Debian's docker.io 20.10 or one with buildx); use --backend sdk"
+    if not accepted:
+        return (
+            f"BuildKit needs a docker CLI this engine accepts (API {minimum} or newer) and none is installed "
+            "(apt-get install docker.io docker-buildx); or build with --backend sdk"
         )
+    return (
+        f"BuildKit needs the buildx plugin for {accepted[0]}, and it is not installed "
+        "(apt-get install docker-buildx); or build with --backend sdk"
+    )
+
+
+def buildkit_build(engine: docker.DockerClient, request: BuildRequest, report: Report) -> str:
+    """Run the build with BuildKit through the docker CLI; returns the error, or "" on success."""
+    found = buildkit_command(engine)
+    if isinstance(found, str):
+        raise UserError(found)
     command, extra_env = found
     cell = request.cell
     command = [

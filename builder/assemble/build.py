@@ -25,7 +25,7 @@ from builder.assemble.backends import BuildRequest
 from builder.assemble.context import build_id
 from builder.config import layout
 from builder.config import platform as platforms
-from builder.engine import bases, emulation
+from builder.engine import bases, emulation, ids
 from builder.errors import UserError
 from builder.lock import inputs
 from builder.lock.inputs import CellLocks
@@ -162,13 +162,12 @@ def cell_build_id(
     engine: docker.DockerClient,
     grid: Matrix,
     locks: CellLocks,
-    backend: str = "sdk",
     report: Report = print,
     house: wheelhouse.Wheelhouse | None = None,
 ) -> tuple[str, str]:
     """The base the cell builds on (obtained if missing) and the cell's build ID, without building."""
     base_reference = cell_base(engine, grid, locks, report, house)
-    return base_reference, build_id(locks.cell, engine.images.get(base_reference).id, backend)
+    return base_reference, build_id(locks.cell, ids.config_digest(engine, base_reference))
 
 
 def build_cell(
@@ -193,7 +192,7 @@ def build_cell(
     reference = reference or local_reference(grid, cell)
     result = BuildResult(cell.name, reference)
     started = time.monotonic()
-    base_reference, result.build_id = cell_build_id(engine, grid, locks, backend, report, house)
+    base_reference, result.build_id = cell_build_id(engine, grid, locks, report, house)
     result.phases["base"] = time.monotonic() - started
     if published is not None and published(result.build_id):
         report(f"{cell.name}: build ID {result.build_id[:12]} is already in the registry; not built")
@@ -204,7 +203,7 @@ def build_cell(
     if existing is not None:
         report(f"{cell.name}: unchanged since its last build (build ID {result.build_id[:12]})")
         result.image_id, result.size_bytes, result.state = (
-            existing.id,
+            ids.config_digest(engine, reference),
             int(existing.attrs["Size"]),
             BuildState.UNCHANGED,
         )
@@ -222,7 +221,7 @@ def build_cell(
     mark = time.monotonic()
     with wheelserver.serve(house, grid.spec.wheelhouse.listen):
         if backend == "buildkit":
-            error = backends.buildkit_build(request, report)
+            error = backends.buildkit_build(engine, request, report)
         else:
             error = backends.classic_build(engine, request, report)
     result.phases["engine"] = time.monotonic() - mark
@@ -233,22 +232,24 @@ def build_cell(
     raw_id = engine.images.get(reference).id
     if normalize:
         mark = time.monotonic()
-        base_layers = bases.layer_count(engine, base_reference)
-        normalized = repro.normalize_image(engine, reference, epoch, base_layers, report)
-        if normalized != raw_id:
-            result.intermediate = raw_id
+        steps = repro.dockerfile_steps(cell.file("Dockerfile").read_text())
+        canonical = repro.normalize_image(engine, reference, epoch, steps, base_reference, report)
         result.phases["normalize"] = time.monotonic() - mark
+        result.phases.update({f"normalize.{name}": seconds for name, seconds in canonical.seconds.items()})
         result.seconds = time.monotonic() - started
     image = engine.images.get(reference)
-    result.image_id, result.size_bytes, result.state = image.id, int(image.attrs["Size"]), BuildState.BUILT
+    if image.id != raw_id:
+        result.intermediate = raw_id
+    result.image_id, result.size_bytes = ids.config_digest(engine, reference), int(image.attrs["Size"])
+    result.state = BuildState.BUILT
     return _within_budget(engine, grid, cell, result)
 
 
 def _within_budget(engine: docker.DockerClient, grid: Matrix, cell: Cell, result: BuildResult) -> BuildResult:
     """Record the layers' sizes; an image over its flavor's budget (matrix.yaml `budgets:`) fails."""
-    result.layers = size.layer_sizes(engine, result.image_id)
+    result.layers = size.layer_sizes(engine, result.reference)
     budget = grid.spec.budgets.get(cell.flavor)
-    problem = size.over_budget(engine, result.image_id, cell.flavor, budget, result.layers) if budget else ""
+    problem = size.over_budget(engine, result.reference, cell.flavor, budget, result.layers) if budget else ""
     if problem:
         result.state, result.detail = BuildState.OVER_BUDGET, problem
     return result

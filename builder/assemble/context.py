@@ -33,13 +33,15 @@ def context_tar(cell: Cell, epoch: int) -> io.BytesIO:
     return buffer
 
 
-def build_id(cell: Cell, base_image_id: str, backend: str) -> str:
+def build_id(cell: Cell, base_image_id: str) -> str:
     """A content hash of every input of the build. The rendered Dockerfile names each lock and
     helper script by its sha256 (and each lock every wheel by its own), so hashing the context
-    and the base image's ID covers everything the image is made from. (Normalization is not an
-    input: it happens after the build, and a normalized image says so by its creation time.)"""
+    and the base image's config digest (its content, the same on every engine) covers everything
+    the image is made from. The builder (classic or BuildKit) is not an input: both give the
+    same canonical image. (Normalization is not an input either: it happens after the build,
+    and a normalized image says so by its creation time.)"""
     digest = hashlib.sha256()
     for name, path in sorted(context_files(cell).items()):
         digest.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
-    digest.update(f"{base_image_id} {backend}".encode())
+    digest.update(base_image_id.encode())
     return digest.hexdigest()[:32]

@@ -21,7 +21,7 @@ import docker.errors
 from docker.types import DeviceRequest
 
 from builder import paths
-from builder.engine import emulation
+from builder.engine import emulation, ids
 from builder.errors import UserError
 
 SELFTEST_COMMAND = ["torch-selftest", "--json", "-"]
@@ -82,14 +82,15 @@ def run(
     finally:
         container.remove(force=True)
     report = _parse(stdout, stderr, exit_code)
-    report["image_id"], report["reference"], report["table"] = image.id, reference, stderr
-    path = report_path(image.id)
+    image_id = ids.config_digest(engine, reference)
+    report["image_id"], report["reference"], report["table"] = image_id, reference, stderr
+    path = report_path(image_id)
     if "--only" in (extra or []):  # a partial run never takes the place of the full report the gate reads
         path = path.with_name(path.stem + ".partial.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=1) + "\n")
     status = "pass" if exit_code == 0 and report.get("status") == "pass" else "fail"
-    return SmokeResult(image.id, status, report, path, time.monotonic() - started)
+    return SmokeResult(image_id, status, report, path, time.monotonic() - started)
 
 
 def _parse(stdout: str, stderr: str, exit_code: int) -> dict[str, Any]:

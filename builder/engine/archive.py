@@ -17,6 +17,8 @@ import docker
 
 from builder import times
 from builder.config import platform as platforms
+from builder.engine import canonical
+from builder.errors import UserError
 
 # (diff_id, the layer's tar, or None: a layer the engine already has)
 Layers = list[tuple[str, Path | None]]
@@ -107,30 +109,82 @@ def load(engine: docker.DockerClient, config: bytes, layers: Layers, reference: 
 
 
 Scanned = TypeVar("Scanned")
+# A blob of `docker save` this small that holds a JSON object is a config or a manifest, not a layer.
+DOCUMENT_LIMIT = 4 << 20
+
+
+def _layer_path(name: str) -> bool:
+    """A layer's name in `docker save`: `<id>/layer.tar` (Docker's own format, up to 24) or
+    `blobs/sha256/<hex>` (an OCI layout: Docker 25 and later, either image store)."""
+    return name.endswith("/layer.tar") or name.startswith("blobs/")
+
+
+def _document(handle: IO[bytes], size: int) -> bytes | None:
+    """The blob's bytes when it is a small JSON document (a config or a manifest), else None with
+    the handle left at its start."""
+    if size > DOCUMENT_LIMIT or handle.peek(1)[:1] not in (b"{", b"["):  # type: ignore[attr-defined]
+        return None
+    data = handle.read()
+    try:
+        json.loads(data)
+        return data
+    except ValueError:
+        raise UserError(f"a {size}-byte blob of docker save starts like JSON and is neither JSON nor a layer") from None
+
+
+def _scan(
+    engine: docker.DockerClient, image_id: str, read_layer: Callable[[str, int, IO[bytes]], Scanned]
+) -> tuple[bytes, list[Scanned]]:
+    scanned: dict[str, Scanned] = {}
+    aliases: dict[str, str] = {}
+    documents: dict[str, bytes] = {}
+    for member, handle in saved_members(engine, image_id):
+        if member.issym() and _layer_path(member.name):
+            aliases[member.name] = os.path.normpath(os.path.join(os.path.dirname(member.name), member.linkname))
+        elif handle is None:
+            continue
+        elif member.name.endswith(".json"):
+            documents[member.name] = handle.read(DOCUMENT_LIMIT + 1)
+        elif _layer_path(member.name):
+            buffered = io.BufferedReader(handle, 1 << 20)  # type: ignore[type-var]
+            document = _document(buffered, member.size)
+            if document is not None:
+                documents[member.name] = document
+            else:
+                layer = canonical.uncompressed(buffered)
+                scanned[member.name] = read_layer(member.name, member.size, layer)
+                read_to_end(layer)
+    try:
+        manifest = json.loads(documents.get("manifest.json", b""))
+        config_name, names = manifest[0]["Config"], [aliases.get(n, n) for n in manifest[0]["Layers"]]
+    except (ValueError, LookupError, TypeError):
+        raise UserError(
+            f"docker save of {image_id[7:19]} holds no manifest.json naming its config and layers"
+        ) from None
+    if config_name not in documents or any(name not in scanned for name in names):
+        raise UserError(f"docker save of {image_id[7:19]} lacks the config or a layer its manifest.json names")
+    return documents[config_name], [scanned[name] for name in names]
 
 
 def scan_saved(
     engine: docker.DockerClient, image_id: str, read_layer: Callable[[str, int, IO[bytes]], Scanned]
 ) -> tuple[dict[str, Any], list[Scanned]]:
     """One pass over `docker save`: `read_layer(name in the archive, size, stream)` for every
-    layer it holds; returns the image config and the results in the image's layer order (a
-    layer the image repeats is saved once, as a link, and its result is given again)."""
-    scanned: dict[str, Scanned] = {}
-    aliases: dict[str, str] = {}
-    config: dict[str, Any] = {}
-    manifest: list[dict[str, Any]] = []
-    for member, handle in saved_members(engine, image_id):
-        if member.issym() and member.name.endswith("/layer.tar"):
-            aliases[member.name] = os.path.normpath(os.path.join(os.path.dirname(member.name), member.linkname))
-        elif handle is None:
-            continue
-        elif member.name.endswith("/layer.tar"):
-            scanned[member.name] = read_layer(member.name, member.size, handle)
-        elif member.name == "manifest.json":
-            manifest = json.loads(handle.read())
-        elif member.name.endswith(".json") and "/" not in member.name:
-            config = json.loads(handle.read())
-    return config, [scanned[aliases.get(name, name)] for name in manifest[0]["Layers"]]
+    layer it holds, the stream uncompressed (the containerd image store saves its gzip blobs);
+    returns the image config and the results in the image's layer order (a layer the image
+    repeats is saved once, as a link, and its result is given again). Reads Docker's own archive
+    format and the OCI layout Docker 25 and later write, whose blobs come in digest order."""
+    config, results = _scan(engine, image_id, read_layer)
+    return json.loads(config), results
+
+
+def saved_config(engine: docker.DockerClient, image_id: str) -> bytes:
+    """The image's config bytes, as `docker save` gives them (every layer is read past)."""
+
+    def skip(_: str, __: int, handle: IO[bytes]) -> None:
+        read_to_end(handle)
+
+    return _scan(engine, image_id, skip)[0]
 
 
 def saved_members(engine: docker.DockerClient, image_id: str) -> Iterator[tuple[tarfile.TarInfo, IO[bytes] | None]]:

@@ -28,7 +28,7 @@ import docker.errors
 
 from builder import digests, downloads, paths
 from builder.config.schema import KeyringSpec
-from builder.engine import archive, emulation, privilege
+from builder.engine import archive, canonical, emulation, ids, privilege
 from builder.errors import UserError
 from builder.plan.cell import BaseImage
 
@@ -182,13 +182,14 @@ def _load_rootfs(
     tag: str,
     extra: dict[str, str] | None = None,
 ) -> str:
-    """Load a root filesystem as a one-layer image with fixed times; returns the image ID."""
-    diff_id = "sha256:" + digests.sha256_file(rootfs)
+    """Load a root filesystem as a one-layer image with fixed times, its tar first rewritten in the
+    canonical encoding (in place: the cache keeps that form); returns the image's config digest."""
+    diff_id = canonical.rewrite_file(rootfs, epoch).diff_id
     labels = {"base": base.name, "suite": base.suite, **(extra or {})}
     history = [f"bootstrap {base.suite}" + ("" if base.arch == "amd64" else f" {base.arch}")]
     config = archive.image_config([diff_id], epoch, labels, history, base.arch)
     images = archive.load(engine, config, [(diff_id, rootfs)], tag, epoch)
-    return str(images[0].id)
+    return ids.remember(images[0].id, config)
 
 
 SOURCES_LABEL = "io.torch-images.sources"

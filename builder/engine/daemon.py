@@ -37,7 +37,7 @@ def socket_name() -> str:
 def client() -> docker.DockerClient:
     """A client for an engine that answers, or a UserError naming the socket and the fix."""
     try:
-        engine = docker.from_env(timeout=600)
+        engine = docker.from_env(version="auto", timeout=600)  # the API version the daemon speaks
         engine.ping()
         return engine
     except docker.errors.DockerException:
@@ -49,7 +49,7 @@ def client() -> docker.DockerClient:
 
 def answers() -> bool:
     try:
-        docker.from_env(timeout=5).ping()
+        docker.from_env(version="auto", timeout=5).ping()
         return True
     except docker.errors.DockerException:
         return False

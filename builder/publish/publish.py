@@ -29,6 +29,7 @@ from builder import times
 from builder.assemble import smoke
 from builder.assemble.build import BUILD_ID_LABEL, local_reference
 from builder.config import platform as platforms
+from builder.engine import ids
 from builder.errors import UserError
 from builder.lock import requirements as lock
 from builder.plan.cell import Cell
@@ -47,7 +48,7 @@ def gate(engine: docker.DockerClient, grid: Matrix, cells: list[Cell]) -> list[P
     for cell in cells:
         reference = local_reference(grid, cell)
         try:
-            image_id = engine.images.get(reference).id
+            image_id = ids.config_digest(engine, reference)
         except docker.errors.ImageNotFound:
             refused.append(f"{cell.name}: not built ({reference}); run `python -m builder build {cell.name}`")
             continue
@@ -62,7 +63,7 @@ def gate(engine: docker.DockerClient, grid: Matrix, cells: list[Cell]) -> list[P
         if isinstance(gated, str):
             refused.append(f"{cell.name}: {gated}")
             continue
-        labels = engine.images.get(image_id).labels or {}
+        labels = engine.images.get(reference).labels or {}
         build_id = labels.get(BUILD_ID_LABEL, "")
         ready.append(
             Publication(
@@ -99,7 +100,7 @@ def push_image(
     if current and _config_digest(current) == item.image_id:  # the same image config: the same image
         item.digest, item.unchanged = current.digest, True
         return
-    engine.images.get(item.image_id).tag(repository, tag)
+    engine.images.get(ids.engine_id(engine, item.image_id)).tag(repository, tag)
     found = registry.credentials
     auth = {"username": found.username, "password": found.password} if found else None
     report(f"pushing {repository}:{tag}")
@@ -179,7 +180,7 @@ def _push_metadata(
         locks = [
             p for p in (item.cell.directory / lock.STACK_LOCK, item.cell.directory / lock.FLAVOR_LOCK) if p.exists()
         ]
-        documents["sbom"] = sbom.build_sbom(engine, item.image_id, item.cell, locks, item.tag)
+        documents["sbom"] = sbom.build_sbom(engine, ids.engine_id(engine, item.image_id), item.cell, locks, item.tag)
     if "selftest" in kinds:
         reports.attach(registry, grid.spec.repository, subject, item.target, item.report, item.build_id, item.tag)
     for kind, document in documents.items():

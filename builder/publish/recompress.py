@@ -34,7 +34,7 @@ import docker
 import zstandard
 
 from builder import paths
-from builder.engine import archive
+from builder.engine import archive, ids
 from builder.errors import UserError
 from builder.publish.registry import OCI_MANIFEST, Manifest, Registry
 
@@ -150,10 +150,13 @@ def push_zstd_form(
     knows and the registry holds are neither read nor compressed again."""
     config = dict(json.loads(gzip_form.body)["config"])
     image_id = str(config["digest"])
-    diff_ids: list[str] = engine.images.get(image_id).attrs["RootFS"]["Layers"]
+    in_engine = ids.engine_id(engine, image_id)
+    diff_ids: list[str] = engine.images.get(in_engine).attrs["RootFS"]["Layers"]
     known = {d: b for d in set(diff_ids) if (b := _remembered(level, d)) and registry.has_blob(repository, b.digest)}
     if len(known) < len(set(diff_ids)):
-        known |= _compress_and_upload(engine, registry, repository, image_id, set(diff_ids) - set(known), level, report)
+        known |= _compress_and_upload(
+            engine, registry, repository, in_engine, set(diff_ids) - set(known), level, report
+        )
     return zstd_manifest(config, [known[d] for d in diff_ids], level)
 
 

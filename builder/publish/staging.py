@@ -25,6 +25,7 @@ from securesystemslib.signer import CryptoSigner
 from builder.assemble import build, smoke
 from builder.assemble.build import BUILD_ID_LABEL
 from builder.config import grammar
+from builder.engine import ids
 from builder.errors import UserError
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
@@ -153,8 +154,9 @@ def gpu_test(
             raise UserError(
                 f"{cell.name}: the engine could not pull {reference}: {error.explanation or error}"
             ) from None
-        if pulled.id != image_id:
-            raise UserError(f"{cell.name}: {reference} pulled as image {pulled.id[7:19]}, staged as {image_id[7:19]}")
+        pulled_id = ids.config_digest(engine, reference)
+        if pulled_id != image_id:
+            raise UserError(f"{cell.name}: {reference} pulled as image {pulled_id[7:19]}, staged as {image_id[7:19]}")
         result = smoke.run(engine, reference, gpus=True)
         build_id = (pulled.labels or {}).get(BUILD_ID_LABEL, "")
         attached = attach_gpu_report(registry, grid, cell, run, image_id, build_id, result.report, signer)

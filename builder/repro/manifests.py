@@ -7,7 +7,7 @@ import hashlib
 import io
 import json
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import docker
 
@@ -24,19 +24,21 @@ def save_manifest(diff_id: str, files: list[list[Any]]) -> None:
     (cache_dir() / f"{diff_id.removeprefix('sha256:')}.manifest.json").write_text(json.dumps(files))
 
 
-def record_manifests(engine: docker.DockerClient, image_id: str) -> None:
+def record_manifests(engine: docker.DockerClient, reference: str) -> None:
     """Write the file manifest of every layer of an image that has none yet (for verify-repro)."""
-    wanted = [d for d in engine.images.get(image_id).attrs["RootFS"]["Layers"] if layer_manifest(d) is None]
+    wanted = [d for d in engine.images.get(reference).attrs["RootFS"]["Layers"] if layer_manifest(d) is None]
     if not wanted:
         return
-    for member, handle in archive.saved_members(engine, image_id):
-        if handle is None or not member.name.endswith("/layer.tar"):
-            continue
+
+    def read(_: str, __: int, handle: IO[bytes]) -> tuple[str, list[list[Any]]]:
         digest = hashlib.sha256()
         source = io.BufferedReader(archive.Tee(handle, digest.update), buffer_size=1 << 20)
         rows = file_manifest(source)
         archive.read_to_end(source)
-        diff_id = "sha256:" + digest.hexdigest()
+        return "sha256:" + digest.hexdigest(), rows
+
+    _, layers = archive.scan_saved(engine, reference, read)
+    for diff_id, rows in layers:
         if diff_id in wanted:
             save_manifest(diff_id, rows)
 

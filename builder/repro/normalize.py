@@ -1,48 +1,46 @@
-"""Bit-for-bit reproducible images: normalize a built image (build/twice.py proves it by
-building twice, repro/verify.py compares the two).
+"""The builder owns its image bytes: a built image rewritten into the canonical encoding, on any engine.
 
-The engine's classic builder stamps the build time on every file it writes and on the
-config. Most of that is undone inside the build: every rendered RUN step ends with
-settle-layer.sh (mtimes clamped to SOURCE_DATE_EPOCH, logs, caches and /tmp emptied), and
-the engine then writes such a layer the same way every time (directory order, numeric
-times, root owners). The rendered images have no COPY step, so when the engine's history shows
-every layer came from such a RUN, only the config is rewritten: rebuilt from inspect and
-history (`config_from_engine`), loaded with no layer. Otherwise (a Dockerfile of another
-shape), one streaming pass over `docker save` checks each layer entry by entry. Settled
-layers are kept byte for byte; an unsettled one (a COPY step stamps the build time on the
-directories it writes into) is rewritten: entries sorted by name, mtimes clamped, numeric
-owners, hard links kept valid, volatile files dropped. The
-config gets fixed times and loses the fields that name the build host, and the result is
-loaded back under the same tag, sending the engine only the layers it does not have.
-Bytecode is already deterministic: under SOURCE_DATE_EPOCH py_compile writes hash-based .pyc.
+The engine builds; its layers hold the right files with the engine's own tar encoding and entry
+set (engine/canonical.py says how they differ). After the build, one pass over `docker save`
+(Docker's own format or an OCI layout, gzip-compressed blobs too) rewrites every layer in the
+canonical encoding, headers only, the file contents copied through, and the config is made
+from the builder's own fields: its history comes from the Dockerfile, not from how an engine
+words it. The result goes back under the same tag as a complete archive (every image store
+accepts one), and its image ID is the sha256 of the builder's config bytes on every engine.
+
+The RUN steps themselves keep the tree the same from build to build: every rendered RUN ends
+with settle-layer.sh (mtimes clamped to SOURCE_DATE_EPOCH; logs, caches and /tmp emptied), and
+bytecode is written hash-based under SOURCE_DATE_EPOCH.
 
 Everything streams through files on disk: a layer of several GB is never held in memory.
-A rewritten layer's file manifest (path, type, mode, size, sha256) is kept (repro/manifests.py)
-to name the paths that differ between two builds.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import tarfile
+import shutil
 import tempfile
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 import docker
+import docker.errors
 
-from builder.engine import archive
+from builder import times
+from builder.engine import archive, canonical, ids
+from builder.errors import UserError
 from builder.repro import manifests
-from builder.repro.layers import normalize_config, normalize_layer, unsettled
 
 Report = Callable[[str], None]
-# Layers up to this size are kept aside while scanning, so that rewriting the small layers a
-# build leaves unsettled (its COPY steps, last in the rendered images) needs no second pass.
-SMALL_LAYER = 64 << 20
+LAYER_INSTRUCTIONS = ("RUN", "COPY", "ADD")
+# The config's `config` fields an image carries; everything else there describes the build host
+# or the engine (Hostname, Image, the container's stdin settings) and is left out.
+KEPT_CONFIG = ("User", "ExposedPorts", "Env", "Cmd", "Healthcheck", "Volumes", "WorkingDir", "Entrypoint",
+               "OnBuild", "Labels", "StopSignal", "Shell")  # fmt: skip
 
 
 def _mapping_file() -> Path:
@@ -71,139 +69,155 @@ def _remember(raw_id: str, normalized_id: str) -> None:
     os.replace(temporary, path)
 
 
-@dataclass
-class LayerScan:
-    member: str  # its name in the `docker save` archive
-    problem: str | None  # the first unsettled entry, None when the layer is settled
-    copy: Path | None = None  # the layer as saved, when it was kept aside
+def dockerfile_steps(text: str) -> list[str]:
+    """The instructions of a Dockerfile's last stage, as history lines: `INSTRUCTION arguments`,
+    continuation lines joined, comments left out. The builder's history of an image, the same
+    whichever builder (classic or BuildKit) ran the steps."""
+    steps: list[str] = []
+    pending: list[str] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if pending and line.startswith("#"):
+            continue
+        continued = line.endswith("\\")
+        pending.append(line.removesuffix("\\").strip())
+        if not continued:
+            step = " ".join(part for part in pending if part)
+            pending = []
+            if step.split(None, 1)[0].upper() == "FROM":
+                steps = []
+            else:
+                steps.append(step)
+    return steps
 
 
-def _scan_layer(handle: IO[bytes], epoch: int, copy: IO[bytes] | None) -> str | None:
-    source: IO[bytes] = io.BufferedReader(archive.Tee(handle, copy.write), buffer_size=1 << 20) if copy else handle
-    problem = None
-    with tarfile.open(fileobj=source, mode="r|") as layer:
-        for info in layer:
-            problem = problem or unsettled(info, epoch)
-    archive.read_to_end(source)
-    return problem
-
-
-@dataclass
-class SavedImage:
-    config: dict[str, Any]
-    layers: list[LayerScan]  # in the image's order
-
-
-def _scan_image(
-    engine: docker.DockerClient, image_id: str, epoch: int, workdir: Path, keep_aside: Callable[[str, int], bool]
-) -> SavedImage:
-    """One pass over `docker save`: which layers are settled, keeping aside those asked for."""
-    kept: list[Path] = []
-
-    def scan(name: str, size: int, handle: IO[bytes]) -> LayerScan:
-        if not keep_aside(name, size):
-            return LayerScan(name, _scan_layer(handle, epoch, None))
-        copy = workdir / f"raw-{len(kept)}.tar"
-        kept.append(copy)
-        with copy.open("wb") as sink:
-            return LayerScan(name, _scan_layer(handle, epoch, sink), copy)
-
-    config, scans = archive.scan_saved(engine, image_id, scan)
-    return SavedImage(config, scans)
-
-
-# How a RUN step of the rendered Dockerfiles ends (templates/partials/settle.j2): such a layer is
-# settled when the engine writes it.
-SETTLED_RUN_END = "&& sh /opt/torch-images/settle-layer.sh"
-NOP = "#(nop) "
-
-
-def _makes_layer(created_by: str) -> bool:
-    """Whether a classic-builder history entry made a layer: RUN, COPY and ADD do; the other
-    instructions (`#(nop)` ENV, LABEL, ARG, CMD ...) are `empty_layer` entries."""
-    if NOP not in created_by:
-        return True
-    return created_by.split(NOP, 1)[1].lstrip().startswith(("COPY ", "ADD "))
-
-
-def config_from_engine(engine: docker.DockerClient, image_id: str, keep: int) -> dict[str, Any] | None:
-    """The image's config as `docker save` would give it, rebuilt from the engine's inspect and
-    history answers, when every layer above the first `keep` came from a RUN step that ended
-    with settle-layer.sh; None otherwise (a COPY step, or a history that does not add up).
-
-    The fields normalization keeps are all there: inspect's Config is the config's `config`
-    (plus `Image`, which normalization drops), and the history's instructions say which entries
-    made no layer. A test checks the rebuilt config of a normalized image hashes to its ID."""
-    attrs = engine.api.inspect_image(image_id)
-    diff_ids: list[str] = attrs["RootFS"]["Layers"]
-    history = list(reversed(engine.api.history(image_id)))  # the API lists the newest first
-    layered = [entry for entry in history if _makes_layer(entry["CreatedBy"])]
-    if len(layered) != len(diff_ids):
-        return None
-    if not all(entry["CreatedBy"].rstrip().endswith(SETTLED_RUN_END) for entry in layered[keep:]):
-        return None
-    config: dict[str, Any] = {"architecture": attrs["Architecture"], "os": attrs["Os"], "config": attrs["Config"]}
-    if attrs.get("Variant"):
-        config["variant"] = attrs["Variant"]
-    config["history"] = [
+def canonical_history(base_history: list[dict[str, Any]], steps: list[str], epoch: int) -> list[dict[str, Any]]:
+    """The base's history entries (the builder's already), then one entry per Dockerfile step."""
+    created = times.iso_utc(epoch)
+    history = [
         {
-            "created_by": entry["CreatedBy"],
-            **({} if _makes_layer(entry["CreatedBy"]) else {"empty_layer": True}),
-            **({"comment": entry["Comment"]} if entry.get("Comment") else {}),
+            "created": created,
+            "created_by": entry.get("created_by", ""),
+            **({"empty_layer": True} if entry.get("empty_layer") else {}),
         }
-        for entry in history
+        for entry in base_history
     ]
-    config["rootfs"] = {"type": "layers", "diff_ids": diff_ids}
-    return config
+    for step in steps:
+        makes_layer = step.split(None, 1)[0].upper() in LAYER_INSTRUCTIONS
+        history.append({"created": created, "created_by": step, **({} if makes_layer else {"empty_layer": True})})
+    return history
+
+
+def canonical_config(
+    engine_config: dict[str, Any], diff_ids: list[str], history: list[dict[str, Any]], epoch: int
+) -> bytes:
+    """The image config, the builder's: the fields an image carries, from the engine's config,
+    with fixed times, the builder's history and the canonical diff IDs."""
+    inner = engine_config.get("config") or {}
+    config: dict[str, Any] = {
+        "architecture": engine_config.get("architecture", ""),
+        "os": engine_config.get("os", ""),
+        "created": times.iso_utc(epoch),
+        "config": {key: inner[key] for key in KEPT_CONFIG if inner.get(key) not in (None, "", [], {})},
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        "history": history,
+    }
+    if engine_config.get("variant"):
+        config["variant"] = engine_config["variant"]
+    return archive.canonical_json(config)
+
+
+def base_history(engine: docker.DockerClient, base_reference: str) -> list[dict[str, Any]]:
+    """The base image's history entries, oldest first: the builder bootstraps every base, one
+    history entry per layer (engine/archive.image_config)."""
+    return [{"created_by": entry.get("CreatedBy", "")} for entry in reversed(engine.api.history(base_reference))]
+
+
+@dataclass
+class Pass:
+    """What the pass after the build did, for the bench and the build summary."""
+
+    image_id: str = ""
+    seconds: dict[str, float] = field(default_factory=dict)  # save, rewrite, load
+    dropped: int = 0  # entries that changed nothing (unchanged directories, empty opaque markers)
+
+
+def _spool_saved(engine: docker.DockerClient, raw_id: str, workdir: Path) -> tuple[dict[str, Any], list[Path]]:
+    """`docker save`'s layers as uncompressed files, in the image's order (an OCI layout saves its
+    blobs in digest order, and a layer's canonical form depends on the layers below it)."""
+    count = 0
+
+    def spool(_: str, __: int, handle: IO[bytes]) -> Path:
+        nonlocal count
+        path = workdir / f"saved-{count}.tar"
+        count += 1
+        with path.open("wb") as sink:
+            shutil.copyfileobj(handle, sink, 1 << 20)
+        return path
+
+    return archive.scan_saved(engine, raw_id, spool)
+
+
+def _rewrite(saved: list[Path], workdir: Path, epoch: int) -> tuple[list[tuple[str, Path]], int]:
+    lower = canonical.LowerTree()
+    layers: list[tuple[str, Path]] = []
+    dropped = 0
+    for index, path in enumerate(saved):
+        target = workdir / f"canonical-{index}.tar"
+        with path.open("rb") as source, target.open("wb") as sink:
+            try:
+                result = canonical.canonical_stream(source, sink, lower, epoch)
+            except canonical.OutOfOrder:
+                source.seek(0)
+                sink.seek(0)
+                sink.truncate()
+                result = canonical.canonical_layer_sorted(source, sink, lower, epoch, workdir)
+        path.unlink()
+        layers.append((result.diff_id, target))
+        dropped += result.dropped
+    return layers, dropped
 
 
 def normalize_image(
-    engine: docker.DockerClient, reference: str, epoch: int, keep: int = 0, report: Report = print
-) -> str:
-    """Normalize the image tagged `reference` and move the tag to the result; returns its ID.
-
-    The first `keep` layers (the base image's) are inputs and stay as they are. Of the others,
-    a settled layer (see `unsettled`) is kept byte for byte; the first unsettled one and every
-    layer above it go back to the engine, the unsettled ones rewritten. The rendered images
-    end every RUN with settle-layer.sh and put their COPY layers last, so only those few small
-    layers are rewritten and `docker load` skips every layer the engine already has.
-    """
+    engine: docker.DockerClient,
+    reference: str,
+    epoch: int,
+    steps: list[str],
+    base_reference: str,
+    report: Report = print,
+) -> Pass:
+    """Rewrite the image tagged `reference` into the canonical encoding and move the tag to it;
+    `steps` are the Dockerfile's instructions after FROM (dockerfile_steps) and `base_reference`
+    the image it was built FROM. Returns the pass, whose image_id is the canonical config's digest."""
+    done = Pass()
     raw = engine.images.get(reference)
     known = _known_normalized(engine, raw.id)
     if known:
         engine.images.get(known).tag(*reference.rsplit(":", 1))
-        return known
+        done.image_id = ids.config_digest(engine, known)
+        return done
     report(f"normalizing {reference}")
-    diff_ids: list[str] = raw.attrs["RootFS"]["Layers"]
-    settled = config_from_engine(engine, raw.id, keep)
-    if settled is not None:  # every layer as the engine wrote it: only the config changes
-        config_bytes = normalize_config(settled, diff_ids, epoch)
-        loaded = archive.load(engine, config_bytes, [(d, None) for d in diff_ids], reference, epoch)
-        _remember(raw.id, loaded[0].id)
-        return str(loaded[0].id)
+    history = canonical_history(base_history(engine, base_reference), steps, epoch)
+    layered = sum(1 for entry in history if not entry.get("empty_layer"))
     with tempfile.TemporaryDirectory(dir=manifests.cache_dir()) as scratch:
         workdir = Path(scratch)
-        saved = _scan_image(engine, raw.id, epoch, workdir, lambda _, size: size <= SMALL_LAYER)
-        start = next((i for i, scan in enumerate(saved.layers) if i >= keep and scan.problem), len(diff_ids))
-        needed = {scan.member for scan in saved.layers[start:]}
-        if any(scan.copy is None for scan in saved.layers[start:]):
-            report(f"layer {start + 1} is not settled ({saved.layers[start].problem}): rewriting the layers above it")
-            saved = _scan_image(engine, raw.id, epoch, workdir, lambda member, _: member in needed)
-        layers: list[tuple[str, Path | None]] = []  # (diff_id, file to load, or None: the engine has it)
-        for index, scan in enumerate(saved.layers):
-            if index < start:
-                layers.append((diff_ids[index], None))
-            elif scan.problem is None:
-                assert scan.copy is not None
-                layers.append((diff_ids[index], scan.copy))
-            else:
-                assert scan.copy is not None
-                with scan.copy.open("rb") as source:
-                    diff_id, path, files = normalize_layer(source, epoch, workdir)
-                manifests.save_manifest(diff_id, files)
-                layers.append((diff_id, path))
-        config_bytes = normalize_config(saved.config, [d for d, _ in layers], epoch)
-        loaded = archive.load(engine, config_bytes, layers, reference, epoch)
-    normalized_id: str = loaded[0].id
-    _remember(raw.id, normalized_id)
-    return normalized_id
+        mark = time.monotonic()
+        engine_config, saved = _spool_saved(engine, raw.id, workdir)
+        done.seconds["save"] = time.monotonic() - mark
+        if layered != len(saved):
+            raise UserError(
+                f"{reference}: the Dockerfile's steps make {layered} layers with the base's, the engine's image has "
+                f"{len(saved)}; a step that changed nothing makes no layer with BuildKit: make it change a file"
+            )
+        mark = time.monotonic()
+        layers, done.dropped = _rewrite(saved, workdir, epoch)
+        done.seconds["rewrite"] = time.monotonic() - mark
+        config = canonical_config(engine_config, [diff_id for diff_id, _ in layers], history, epoch)
+        mark = time.monotonic()
+        loaded = archive.load(engine, config, [(d, p) for d, p in layers], reference, epoch)
+        done.seconds["load"] = time.monotonic() - mark
+    done.image_id = ids.remember(loaded[0].id, config)
+    _remember(raw.id, loaded[0].id)
+    return done

@@ -42,7 +42,7 @@ class BuiltCell:
 
     def run(self, *command: str, **kwargs: object) -> str:
         output: bytes = self.client.containers.run(
-            self.image_id, list(command), remove=True, network_mode="none", **kwargs
+            self.reference, list(command), remove=True, network_mode="none", **kwargs
         )
         return output.decode()
 

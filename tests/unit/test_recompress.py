@@ -65,8 +65,14 @@ class _FakeImages:
         return type("Image", (), {"attrs": {"RootFS": {"Layers": ["sha256:" + "e" * 64]}}})()
 
 
+class _FakeApi:
+    def inspect_image(self, reference: str) -> dict[str, str]:
+        return {"Id": reference}  # Docker's own store: the engine's ID is the config digest
+
+
 class _FakeEngine:
     images = _FakeImages()
+    api = _FakeApi()
 
 
 class _FakeRegistry:

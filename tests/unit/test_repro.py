@@ -1,164 +1,381 @@
-"""Layer normalization: the same files give the same layer, whatever the build's times and order."""
+"""The canonical image: the same files give the same layer and config, whatever engine wrote them."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
 import tarfile
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from builder.engine import archive
+from builder.engine import archive, canonical, ids
 from builder.repro import layers, manifests, normalize
 
 EPOCH = 1733097600
+Spec = tuple[str, str, "bytes | str", int]
 
 
-def layer(entries: list[tuple[str, str, bytes | str, int]]) -> io.BytesIO:
-    """A layer tar from (name, kind, data-or-link-target, mtime), in the order given."""
+def engine_tar(entries: list[Spec], go_style: bool = True) -> bytes:
+    """A layer as an engine writes it, from (name, kind, data-or-link-target, mtime) in the order
+    given: Docker 20.10's Go encoding (type bits in the mode field, user and group names) or the
+    containerd store's (plain modes, no names), each in its own header format."""
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as out:
+    form = tarfile.GNU_FORMAT if go_style else tarfile.PAX_FORMAT
+    with tarfile.open(fileobj=buffer, mode="w", format=form) as out:
         for name, kind, payload, mtime in entries:
             info = tarfile.TarInfo(name)
-            info.mtime, info.uid, info.gid, info.uname, info.gname = mtime, 0, 0, "builder", "builder"
+            info.mtime = mtime
+            info.uname, info.gname = ("root", "root") if go_style else ("", "")
             if kind == "dir":
-                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                info.type, info.mode = tarfile.DIRTYPE, (0o40755 if go_style else 0o755)
                 out.addfile(info)
-            elif kind == "link":
-                info.type, info.linkname = tarfile.LNKTYPE, str(payload)
+            elif kind in ("link", "symlink"):
+                info.type = tarfile.LNKTYPE if kind == "link" else tarfile.SYMTYPE
+                info.linkname, info.mode = str(payload), 0o777 if kind == "symlink" else 0o644
                 out.addfile(info)
             else:
                 data = payload if isinstance(payload, bytes) else payload.encode()
-                info.size, info.mode = len(data), 0o644
+                info.size, info.mode = len(data), (0o100644 if go_style else 0o644)
                 out.addfile(info, io.BytesIO(data))
-    buffer.seek(0)
-    return buffer
+    return buffer.getvalue()
 
 
-def normalized(tmp_path: Path, entries: list[tuple[str, str, bytes | str, int]]) -> tuple[str, Path, list]:  # type: ignore[type-arg]
-    return layers.normalize_layer(layer(entries), EPOCH, tmp_path)
+def rewrite(data: bytes, lower: canonical.LowerTree | None = None) -> tuple[canonical.CanonicalLayer, bytes]:
+    sink = io.BytesIO()
+    result = canonical.canonical_stream(io.BytesIO(data), sink, lower or canonical.LowerTree(), EPOCH)
+    return result, sink.getvalue()
 
 
-def test_order_build_times_and_owner_names_do_not_change_the_layer(tmp_path: Path) -> None:
-    first = [("opt", "dir", "", EPOCH + 500), ("opt/b.py", "file", b"b", EPOCH + 10), ("opt/a.py", "file", b"a", 1)]
-    second = [("opt/a.py", "file", b"a", 1), ("opt", "dir", "", EPOCH + 9999), ("opt/b.py", "file", b"b", EPOCH + 77)]
-    digest_one, path_one, _ = normalized(tmp_path, first)
-    digest_two, _, _ = normalized(tmp_path, second)
-    assert digest_one == digest_two
-    with tarfile.open(path_one) as out:
-        members = out.getmembers()
-    assert [m.name for m in members] == ["opt", "opt/a.py", "opt/b.py"]
-    assert [m.mtime for m in members] == [EPOCH, 1, EPOCH]  # clamped, older times kept
-    assert {m.uname for m in members} == {""}
+def names(data: bytes) -> list[str]:
+    with tarfile.open(fileobj=io.BytesIO(data)) as opened:
+        return opened.getnames()
 
 
-def test_content_still_decides_the_layer(tmp_path: Path) -> None:
-    one, _, _ = normalized(tmp_path, [("a", "file", b"1", 1)])
-    two, _, _ = normalized(tmp_path, [("a", "file", b"2", 1)])
-    assert one != two
+BASE: list[Spec] = [
+    ("etc", "dir", "", 1),
+    ("etc/debian_version", "file", b"12", 1),
+    ("var", "dir", "", 1),
+    ("var/lib", "dir", "", 1),
+    ("var/lib/dpkg", "dir", "", 1),
+    ("var/lib/dpkg/lock", "file", b"", 1),
+]
 
 
-def test_a_hard_link_sorted_before_its_target_carries_the_data_and_stays_valid(tmp_path: Path) -> None:
-    _, path, manifest = normalized(
-        tmp_path, [("z/lib.so.1", "file", b"library", 1), ("a/lib.so", "link", "z/lib.so.1", 1)]
-    )
-    with tarfile.open(path) as out:
-        first, second = out.getmembers()
-        assert (first.name, first.isreg()) == ("a/lib.so", True)
-        assert (second.name, second.islnk(), second.linkname) == ("z/lib.so.1", True, "a/lib.so")
-        out.extractall(tmp_path / "root", filter="tar")
-    assert (tmp_path / "root" / "z" / "lib.so.1").read_bytes() == b"library"
-    assert [row[1] for row in manifest] == ["file", "hardlink"]
-
-
-def test_volatile_files_are_dropped(tmp_path: Path) -> None:
-    _, path, _ = normalized(
-        tmp_path,
+def test_docker_20_and_the_containerd_store_give_the_same_layer_for_the_same_change() -> None:
+    """overlay2's differ writes the unchanged parents of a change, an opaque marker for a directory
+    made afresh and files a step only opened (copied up); containerd's writes none of them."""
+    overlay2 = engine_tar(
         [
-            ("var/lib/apt/lists/deb.debian.org_dists", "file", b"x", 1),
-            ("var/cache/ldconfig/aux-cache", "file", b"x", 1),
-            ("var/log/dpkg.log", "file", b"x", 1),
-            ("root/.cache/pip/http/abc", "file", b"x", 1),
-            ("etc/keep.conf", "file", b"kept", 1),
+            ("var", "dir", "", 1),  # unchanged parent
+            ("var/lib", "dir", "", 1),
+            ("var/lib/dpkg", "dir", "", 1),
+            ("var/lib/dpkg/lock", "file", b"", 1),  # opened by apt, unchanged
+            ("var/lib/dpkg/status", "file", b"Package: gcc", EPOCH),
+            ("var/lib/python3", "dir", "", EPOCH),
+            ("var/lib/python3/.wh..wh..opq", "file", b"", EPOCH),  # a new directory: nothing below
+            ("var/lib/python3/x.pth", "file", b"x", EPOCH),
+        ]
+    )
+    containerd = engine_tar(
+        [
+            ("var/lib/dpkg/status", "file", b"Package: gcc", EPOCH),
+            ("var/lib/python3", "dir", "", EPOCH),
+            ("var/lib/python3/x.pth", "file", b"x", EPOCH),
         ],
+        go_style=False,
     )
-    with tarfile.open(path) as out:
-        assert out.getnames() == ["etc/keep.conf"]
+    results = []
+    for upper in (overlay2, containerd):
+        lower = canonical.LowerTree()
+        rewrite(engine_tar(BASE), lower)
+        results.append(rewrite(upper, lower))
+    (first, first_bytes), (second, second_bytes) = results
+    assert first.diff_id == second.diff_id and first_bytes == second_bytes
+    assert names(first_bytes) == ["var/lib/dpkg/status", "var/lib/python3", "var/lib/python3/x.pth"]
+    assert first.dropped == 5 and second.dropped == 0
 
 
-def test_config_loses_build_host_fields_and_gets_fixed_times() -> None:
-    config = {
-        "created": "2026-12-02T18:00:00.123Z",
-        "container": "abc",
-        "docker_version": "20.10.24",
-        "config": {"Hostname": "abc", "Image": "sha256:parent", "Env": ["A=1"]},
-        "history": [{"created": "2026-12-02T18:00:00Z", "created_by": "RUN x"}],
-        "rootfs": {"type": "layers", "diff_ids": ["old"]},
-    }
-    result = json.loads(layers.normalize_config(config, ["sha256:new"], EPOCH))
-    assert result == {
-        "created": "2024-12-02T00:00:00Z",
-        "config": {"Hostname": "", "Domainname": "", "Env": ["A=1"]},
-        "history": [{"created": "2024-12-02T00:00:00Z", "created_by": "RUN x"}],
-        "rootfs": {"type": "layers", "diff_ids": ["sha256:new"]},
-    }
+def test_a_changed_file_or_directory_stays_in_the_layer() -> None:
+    lower = canonical.LowerTree()
+    rewrite(engine_tar(BASE), lower)
+    _, data = rewrite(engine_tar([("etc", "dir", "", EPOCH), ("var/lib/dpkg/lock", "file", b"held", 1)]), lower)
+    assert names(data) == ["etc", "var/lib/dpkg/lock"]
 
 
-def test_differing_paths_names_what_changed_between_two_layers(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_an_opaque_marker_over_what_the_layers_below_hold_stays() -> None:
+    lower = canonical.LowerTree()
+    rewrite(engine_tar(BASE), lower)
+    _, data = rewrite(engine_tar([("etc", "dir", "", EPOCH), ("etc/.wh..wh..opq", "file", b"", EPOCH)]), lower)
+    assert names(data) == ["etc", "etc/.wh..wh..opq"]
+    assert not lower.holds_anything_under("etc")  # applied: nothing of the base is left under etc
+
+
+def test_headers_are_canonical_and_contents_untouched() -> None:
+    _, data = rewrite(engine_tar([("opt", "dir", "", EPOCH + 500), ("opt/a.py", "file", b"print(1)", 7)]))
+    with tarfile.open(fileobj=io.BytesIO(data)) as opened:
+        members = opened.getmembers()
+        assert [(m.name, m.mode, m.uname, m.gname, m.mtime) for m in members] == [
+            ("opt", 0o755, "", "", EPOCH),  # clamped
+            ("opt/a.py", 0o644, "", "", 7),  # older times kept
+        ]
+        assert opened.extractfile("opt/a.py").read() == b"print(1)"  # type: ignore[union-attr]
+    assert len(data) == 5 * 512  # two headers, one data block, two end blocks: no record padding
+
+
+def test_the_encoding_is_pinned_byte_for_byte() -> None:
+    """A change to the encoding changes every recorded image ID: this test makes it deliberate."""
+    long_name = "opt/" + "n" * 120
+    _, data = rewrite(
+        engine_tar([("opt", "dir", "", 5), ("opt/l", "symlink", "/usr/bin/x", 5), (long_name, "file", b"x", 5)])
+    )
+    assert names(data) == ["opt", "opt/l", long_name]
+    assert hashlib.sha256(data).hexdigest() == "d1ff7b2c8d44b0b665f4fb76b0639262fcd8400c4fca44b30657e0cb6617a1bf"
+
+
+def test_gzip_and_engine_header_formats_read_the_same() -> None:
+    entries: list[Spec] = [("a", "dir", "", 1), ("a/b", "file", b"data" * 300, 1)]
+    plain = rewrite(engine_tar(entries))[0].diff_id
+    assert rewrite(gzip.compress(engine_tar(entries)))[0].diff_id == plain
+    assert rewrite(engine_tar(entries, go_style=False))[0].diff_id == plain
+
+
+def test_content_still_decides_the_layer() -> None:
+    assert rewrite(engine_tar([("a", "file", b"1", 1)]))[0] != rewrite(engine_tar([("a", "file", b"2", 1)]))[0]
+
+
+def test_rewriting_is_idempotent() -> None:
+    _, once = rewrite(engine_tar([("opt", "dir", "", 1), ("opt/x", "file", b"x", 1)]))
+    _, twice = rewrite(once)
+    assert once == twice
+
+
+def test_a_layer_out_of_walk_order_is_refused_by_the_stream_and_sorted_through_a_spool(tmp_path: Path) -> None:
+    shuffled = engine_tar(
+        [("z/lib.so.1", "file", b"library", 1), ("a/lib.so", "link", "z/lib.so.1", 1), ("a", "dir", "", 1)]
+    )
+    with pytest.raises(canonical.OutOfOrder):
+        rewrite(shuffled)
+    sink = io.BytesIO()
+    canonical.canonical_layer_sorted(io.BytesIO(shuffled), sink, canonical.LowerTree(), EPOCH, tmp_path)
+    with tarfile.open(fileobj=io.BytesIO(sink.getvalue())) as opened:
+        first, second, third = opened.getmembers()
+        assert (first.name, second.name, second.isreg()) == ("a", "a/lib.so", True)  # the link carries the data
+        assert (third.name, third.islnk(), third.linkname) == ("z/lib.so.1", True, "a/lib.so")
+        opened.extractall(tmp_path / "root", filter="tar")
+    assert (tmp_path / "root" / "z" / "lib.so.1").read_bytes() == b"library"
+
+
+def test_walk_order_is_component_by_component() -> None:
+    """`a/b` (a's child) comes before `a-b`, though '-' sorts before '/' as a byte."""
+    _, data = rewrite(engine_tar([("a", "dir", "", 1), ("a/b", "file", b"", 1), ("a-b", "file", b"", 1)]))
+    assert names(data) == ["a", "a/b", "a-b"]
+
+
+def test_a_bottom_layer_file_is_rewritten_in_place(tmp_path: Path) -> None:
+    rootfs = tmp_path / "rootfs.tar"
+    rootfs.write_bytes(engine_tar([("./", "dir", "", 1), ("./etc", "dir", "", 1), ("./etc/x", "file", b"x", 1)]))
+    result = canonical.rewrite_file(rootfs, EPOCH)
+    assert names(rootfs.read_bytes()) == ["etc", "etc/x"]  # no root entry, no "./"
+    assert result.diff_id == "sha256:" + hashlib.sha256(rootfs.read_bytes()).hexdigest()
+    assert canonical.rewrite_file(rootfs, EPOCH).diff_id == result.diff_id
+
+
+# ---- docker save, in both formats
+
+
+def _tar(members: list[tuple[str, bytes]]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as out:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            out.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def _blob(data: bytes) -> tuple[str, bytes]:
+    return "blobs/sha256/" + hashlib.sha256(data).hexdigest(), data
+
+
+class SavingEngine:
+    """An engine whose `docker save` answers with the given archive and whose load keeps what it gets."""
+
+    def __init__(self, saved: bytes, history: list[str] | None = None, containerd: bool = False) -> None:
+        self.saved, self.loaded = saved, b""
+        self.history_lines = history or []
+        self.containerd = containerd
+        self.images, self.api = self, self
+
+    def get_image(self, image_id: str, chunk_size: int) -> list[bytes]:
+        return [self.saved]
+
+    def history(self, reference: str) -> list[dict[str, str]]:
+        return [{"CreatedBy": line} for line in reversed(self.history_lines)]
+
+    def get(self, reference: str) -> Any:
+        engine = self
+
+        class Image:
+            id = "sha256:raw"
+
+            def tag(self, repository: str, tag: str) -> None:
+                engine.tagged = f"{repository}:{tag}"
+
+        return Image()
+
+    def inspect_image(self, reference: str) -> dict[str, Any]:
+        return {"Id": "sha256:manifest", "Descriptor": {}} if self.containerd else {"Id": "sha256:config"}
+
+    def load(self, chunks: Any) -> list[Any]:
+        self.loaded = b"".join(chunks)
+        outer = self
+
+        class Loaded:
+            id = "sha256:manifest-of-loaded" if outer.containerd else "sha256:" + "0" * 64
+
+        return [Loaded()]
+
+
+def oci_save(config: dict[str, Any], layer_tars: list[bytes], compress: bool) -> bytes:
+    """`docker save` as Docker 29 writes it: an OCI layout, blobs in digest order, gzip on containerd."""
+    blobs = [gzip.compress(t, mtime=0) if compress else t for t in layer_tars]
+    config_bytes = json.dumps(config).encode()
+    layer_names = [_blob(b)[0] for b in blobs]
+    manifest = json.dumps([{"Config": _blob(config_bytes)[0], "RepoTags": ["x:1"], "Layers": layer_names}]).encode()
+    members = sorted([_blob(b) for b in [*blobs, config_bytes]])
+    return _tar([*members, ("index.json", b"{}"), ("manifest.json", manifest), ("oci-layout", b"{}")])
+
+
+def legacy_save(config: dict[str, Any], layer_tars: list[bytes]) -> bytes:
+    names = [f"{i:064x}/layer.tar" for i in range(len(layer_tars))]
+    manifest = json.dumps([{"Config": "c.json", "Layers": names}]).encode()
+    return _tar(
+        [*zip(names, layer_tars, strict=True), ("c.json", json.dumps(config).encode()), ("manifest.json", manifest)]
+    )
+
+
+def test_scan_saved_reads_the_oci_layout_in_the_images_order_and_decompresses_its_blobs() -> None:
+    tars = [engine_tar([("b", "file", b"second", 1)]), engine_tar([("a", "file", b"first", 1)])]
+    for saved in (oci_save({"os": "linux"}, tars, compress=True), legacy_save({"os": "linux"}, tars)):
+        config, scanned = archive.scan_saved(SavingEngine(saved), "sha256:x", lambda _, __, h: h.read())  # type: ignore[arg-type]
+        assert config == {"os": "linux"} and scanned == tars
+
+
+def test_a_save_without_manifest_is_one_line_not_a_traceback() -> None:
+    from builder.errors import UserError
+
+    with pytest.raises(UserError, match="no manifest"):
+        archive.scan_saved(SavingEngine(_tar([("index.json", b"{}")])), "sha256:x", lambda *_: None)  # type: ignore[arg-type]
+
+
+DOCKERFILE = """# comment
+ARG BASE_IMAGE=debian
+FROM ${BASE_IMAGE}
+ENV A=1 \\
+    B=2
+# inside
+RUN apt-get install x \\
+ # a comment line inside a continued RUN
+ && sh /opt/torch-images/settle-layer.sh
+LABEL x="y"
+CMD ["python3"]
+"""
+
+
+def test_the_history_comes_from_the_dockerfile_whichever_builder_ran_it() -> None:
+    steps = normalize.dockerfile_steps(DOCKERFILE)
+    assert steps == ["ENV A=1 B=2", "RUN apt-get install x && sh /opt/torch-images/settle-layer.sh", 'LABEL x="y"',
+                     'CMD ["python3"]']  # fmt: skip
+    history = normalize.canonical_history([{"created_by": "bootstrap bookworm"}], steps, EPOCH)
+    assert [bool(h.get("empty_layer")) for h in history] == [False, True, False, True, True]
+    assert {h["created"] for h in history} == {"2024-12-02T00:00:00Z"}
+
+
+def test_the_config_keeps_what_an_image_carries_and_drops_what_names_the_engine() -> None:
+    engine_config = {
+        "architecture": "amd64", "os": "linux", "created": "2026-12-02T18:00:00.1Z", "container": "abc",
+        "docker_version": "29.1.3", "config": {"Hostname": "abc", "Image": "sha256:parent", "Env": ["A=1"],
+        "Cmd": ["python3"], "Labels": {"x": "y"}, "WorkingDir": "", "OnBuild": None, "ArgsEscaped": True},
+    }  # fmt: skip
+    config = json.loads(normalize.canonical_config(engine_config, ["sha256:1"], [{"created_by": "x"}], EPOCH))
+    assert config == {
+        "architecture": "amd64", "os": "linux", "created": "2024-12-02T00:00:00Z",
+        "config": {"Env": ["A=1"], "Cmd": ["python3"], "Labels": {"x": "y"}},
+        "rootfs": {"type": "layers", "diff_ids": ["sha256:1"]}, "history": [{"created_by": "x"}],
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("containerd", [False, True], ids=["docker-20.10", "containerd-store"])
+def test_normalizing_loads_a_complete_archive_of_canonical_layers_keyed_by_the_config_digest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, containerd: bool
+) -> None:
     monkeypatch.setenv("TORCH_IMAGES_CACHE", str(tmp_path / "cache"))
-    one, _, files_one = normalized(tmp_path, [("a", "file", b"1", 1), ("b", "file", b"same", 1)])
-    two, _, files_two = normalized(tmp_path, [("a", "file", b"2", 1), ("b", "file", b"same", 1)])
-    for digest, files in ((one, files_one), (two, files_two)):
-        (manifests.cache_dir() / f"{digest.removeprefix('sha256:')}.manifest.json").write_text(json.dumps(files))
-    assert manifests.differing_paths(one, two) == ["a"]
+    base = engine_tar(BASE)
+    step = engine_tar([("var", "dir", "", 1), ("var/new", "file", b"n", EPOCH)], go_style=not containerd)
+    config = {"architecture": "amd64", "os": "linux", "config": {"Env": ["A=1"]}}
+    saved = oci_save(config, [base, step], compress=True) if containerd else legacy_save(config, [base, step])
+    engine = SavingEngine(saved, history=["bootstrap bookworm"], containerd=containerd)
+
+    done = normalize.normalize_image(engine, "torch:test", EPOCH, ["ENV A=1", "RUN x"], "base", lambda _: None)  # type: ignore[arg-type]
+
+    with tarfile.open(fileobj=io.BytesIO(engine.loaded)) as loaded:
+        manifest = json.loads(loaded.extractfile("manifest.json").read())  # type: ignore[union-attr]
+        config_bytes = loaded.extractfile(manifest[0]["Config"]).read()  # type: ignore[union-attr]
+        layer_files = [loaded.extractfile(name).read() for name in manifest[0]["Layers"]]  # type: ignore[union-attr]
+    assert done.image_id == "sha256:" + hashlib.sha256(config_bytes).hexdigest()
+    assert names(layer_files[1]) == ["var/new"]  # canonical: the unchanged parent left out
+    assert json.loads(config_bytes)["rootfs"]["diff_ids"] == [
+        "sha256:" + hashlib.sha256(layer).hexdigest() for layer in layer_files
+    ]
+    assert [h["created_by"] for h in json.loads(config_bytes)["history"]] == ["bootstrap bookworm", "ENV A=1", "RUN x"]
+    # The engine's own ID of what was loaded leads back to the config digest.
+    loaded_id = "sha256:manifest-of-loaded" if containerd else "sha256:" + "0" * 64
+    assert ids.engine_id(engine, done.image_id) in (done.image_id, loaded_id)  # type: ignore[arg-type]
 
 
-def test_a_settled_entry_passes_and_each_kind_of_unsettled_entry_says_why() -> None:
-    def entry(name: str, mtime: int = EPOCH, uid: int = 0, uname: str = "", kind: bytes = tarfile.REGTYPE):
-        info = tarfile.TarInfo(name)
-        info.mtime, info.uid, info.uname, info.type = mtime, uid, uname, kind
-        return info
+def test_a_step_count_that_does_not_add_up_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from builder.errors import UserError
 
-    assert layers.unsettled(entry("opt/venv/bin/python", uname="root"), EPOCH) is None
-    assert layers.unsettled(entry("usr/lib/old.so", mtime=1), EPOCH) is None
-    assert layers.unsettled(entry("var/lib/dpkg/status-old"), EPOCH) is None  # a deterministic copy
-    assert layers.unsettled(entry("tmp/apt", kind=tarfile.DIRTYPE), EPOCH) is None
-    assert "after SOURCE_DATE_EPOCH" in str(layers.unsettled(entry("opt/torch-images", mtime=EPOCH + 1), EPOCH))
-    assert "log, cache or temporary" in str(layers.unsettled(entry("var/log/apt/history.log"), EPOCH))
-    assert "owner named by the build host" in str(layers.unsettled(entry("x", uid=42, uname="_apt"), EPOCH))
+    monkeypatch.setenv("TORCH_IMAGES_CACHE", str(tmp_path / "cache"))
+    saved = legacy_save({"os": "linux"}, [engine_tar(BASE)])
+    engine = SavingEngine(saved, history=["bootstrap bookworm"])
+    with pytest.raises(UserError, match="make 2 layers"):
+        normalize.normalize_image(engine, "t:1", EPOCH, ["RUN x"], "base", lambda _: None)  # type: ignore[arg-type]
 
 
-def test_scanning_a_layer_keeps_an_exact_copy_and_reports_the_first_unsettled_entry(tmp_path: Path) -> None:
-    source = layer(
-        [("opt", "dir", "", EPOCH + 5), ("opt/a", "file", b"a" * 5000, 1), ("var/log/x.log", "file", b"", 1)]
-    )
-    expected = source.getvalue()
-    with (tmp_path / "copy.tar").open("wb") as copy:
-        problem = normalize._scan_layer(source, EPOCH, copy)
-    assert (tmp_path / "copy.tar").read_bytes() == expected
-    assert problem == "opt was modified after SOURCE_DATE_EPOCH"
-    assert normalize._scan_layer(layer([("opt/a", "file", b"a", 1)]), EPOCH, None) is None
+def test_the_config_digest_is_the_engines_id_on_docker_20_and_remembered_on_the_containerd_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCH_IMAGES_CACHE", str(tmp_path / "cache"))
+    assert ids.config_digest(SavingEngine(b""), "x") == "sha256:config"  # type: ignore[arg-type]
+    config = b'{"os":"linux"}'
+    digest = ids.remember("sha256:manifest", config)
+    assert digest == "sha256:" + hashlib.sha256(config).hexdigest()
+    assert ids.config_digest(SavingEngine(b"", containerd=True), "x") == digest  # type: ignore[arg-type]
 
 
-def test_the_archive_for_docker_load_names_every_layer_but_carries_only_those_the_engine_lacks(tmp_path: Path) -> None:
-    new_layer = tmp_path / "new.tar"
-    new_layer.write_bytes(layer([("a", "file", b"1", 1)]).getvalue())
-    written = io.BytesIO()
-    wanted = [("sha256:" + "1" * 64, None), ("sha256:" + "2" * 64, new_layer)]
-    archive.write_load_archive(written, b"{}", wanted, "torch:test", EPOCH)
-    written.seek(0)
-    with tarfile.open(fileobj=written) as saved:
-        names = saved.getnames()
-        manifest = json.loads(saved.extractfile("manifest.json").read())  # type: ignore[union-attr]
-    assert manifest[0]["Layers"] == ["1" * 64 + "/layer.tar", "2" * 64 + "/layer.tar"]
-    assert "2" * 64 + "/layer.tar" in names and "1" * 64 + "/layer.tar" not in names
+def test_an_unknown_image_on_the_containerd_store_is_read_back_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCH_IMAGES_CACHE", str(tmp_path / "cache"))
+    config = {"os": "linux", "rootfs": {"diff_ids": []}}
+    engine = SavingEngine(oci_save(config, [engine_tar(BASE)], compress=True), containerd=True)
+    expected = "sha256:" + hashlib.sha256(json.dumps(config).encode()).hexdigest()
+    assert ids.config_digest(engine, "x") == expected  # type: ignore[arg-type]
+    engine.saved = b""  # from now on from the cache
+    assert ids.config_digest(engine, "x") == expected  # type: ignore[arg-type]
+
+
+# ---- the file manifests verify-repro names differing paths with
 
 
 def test_a_file_manifest_lists_paths_kinds_and_content_digests() -> None:
-    rows = layers.file_manifest(layer([("d", "dir", "", 1), ("d/f", "file", b"x", 1), ("d/g", "link", "d/f", 1)]))
+    data = engine_tar([("d", "dir", "", 1), ("d/f", "file", b"x", 1), ("d/g", "link", "d/f", 1)], go_style=False)
+    rows = layers.file_manifest(io.BytesIO(data))
     assert rows == [
         ["d", "dir", "0o755", 0, ""],
         ["d/f", "file", "0o644", 1, "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"],
@@ -166,121 +383,10 @@ def test_a_file_manifest_lists_paths_kinds_and_content_digests() -> None:
     ]
 
 
-class FakeImage:
-    def __init__(self, image_id: str, diff_ids: list[str]) -> None:
-        self.id, self.attrs, self.tags = image_id, {"RootFS": {"Layers": diff_ids}}, []
-
-    def tag(self, repository: str, tag: str) -> None:
-        self.tags.append(f"{repository}:{tag}")
-
-
-class FakeEngine:
-    """`docker save` of one image made of the given layer tars, and a `docker load` that keeps the archive."""
-
-    def __init__(self, layer_tars: list[bytes]) -> None:
-        self.layer_tars, self.saves, self.loaded = layer_tars, 0, b""
-        diff_ids = ["sha256:" + hashlib.sha256(t).hexdigest() for t in layer_tars]
-        self.raw = FakeImage("sha256:raw", diff_ids)
-        self.images, self.api = self, self
-
-    def get(self, reference: str) -> FakeImage:
-        return self.raw
-
-    def inspect_image(self, image_id: str) -> dict[str, object]:
-        return {**self.raw.attrs, "Architecture": "amd64", "Os": "linux", "Config": {}}
-
-    def history(self, image_id: str) -> list[dict[str, str]]:
-        """Base, RUN, COPY, RUN (newest first, as the engine lists it): the COPY's layer is unsettled."""
-        run = "/bin/sh -c step && sh /opt/torch-images/settle-layer.sh"
-        steps = ["bootstrap", run, "/bin/sh -c #(nop) COPY file:ab in /opt/torch-images/spec.json ", run]
-        return [{"CreatedBy": line, "Comment": ""} for line in reversed(steps)]
-
-    def get_image(self, image_id: str, chunk_size: int) -> list[bytes]:
-        self.saves += 1
-        buffer = io.BytesIO()
-        names = [f"{i:064x}/layer.tar" for i in range(len(self.layer_tars))]
-        with tarfile.open(fileobj=buffer, mode="w") as saved:
-            for name, data in [*zip(names, self.layer_tars, strict=True), ("config.json", b'{"config": {}}')]:
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                saved.addfile(info, io.BytesIO(data))
-            manifest = json.dumps([{"Config": "config.json", "Layers": names}]).encode()
-            info = tarfile.TarInfo("manifest.json")
-            info.size = len(manifest)
-            saved.addfile(info, io.BytesIO(manifest))
-        return [buffer.getvalue()]
-
-    def load(self, chunks: Iterator[bytes]) -> list[FakeImage]:
-        self.loaded = b"".join(chunks)
-        return [FakeImage("sha256:normalized", [])]
-
-    def loaded_layers(self) -> dict[str, bytes]:
-        return {name: data for name, data in _members(self.loaded).items() if name.endswith("/layer.tar")}
-
-
-@pytest.mark.parametrize("small_layer", [1 << 20, 0], ids=["kept-aside-in-one-pass", "second-pass"])
-def test_normalizing_sends_back_only_the_first_unsettled_layer_and_those_above_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_layer: int
-) -> None:
+def test_differing_paths_names_what_changed_between_two_layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCH_IMAGES_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(normalize, "SMALL_LAYER", small_layer)
-    base_layer = layer([("etc/debian_version", "file", b"12", EPOCH + 1)]).getvalue()  # kept: the base's
-    settled = layer([("opt/venv/lib/torch.py", "file", b"torch", EPOCH)]).getvalue()
-    copy_step = layer([("opt/torch-images", "dir", "", EPOCH + 99), ("opt/torch-images/spec.json", "file", b"{}", 1)])
-    settled_above = layer([("opt/venv/bin/torch-selftest", "file", b"#!", EPOCH)]).getvalue()
-    fake = FakeEngine([base_layer, settled, copy_step.getvalue(), settled_above])
-
-    assert normalize.normalize_image(fake, "torch:test", EPOCH, 1, lambda _: None) == "sha256:normalized"  # type: ignore[arg-type]
-
-    assert fake.saves == (1 if small_layer else 2)
-    sent = fake.loaded_layers()
-    rewritten, _, _ = layers.normalize_layer(copy_step, EPOCH, tmp_path)
-    assert sorted(sent) == sorted(
-        [
-            f"{rewritten.removeprefix('sha256:')}/layer.tar",
-            f"{fake.raw.attrs['RootFS']['Layers'][3].removeprefix('sha256:')}/layer.tar",
-        ]
-    )
-    assert settled_above in sent.values()  # passed through byte for byte
-    config = json.loads(
-        next(v for k, v in _members(fake.loaded).items() if k.endswith(".json") and k != "manifest.json")
-    )
-    diff_ids = fake.raw.attrs["RootFS"]["Layers"]
-    assert config["rootfs"]["diff_ids"] == [diff_ids[0], diff_ids[1], rewritten, diff_ids[3]]
-
-
-def _members(archive: bytes) -> dict[str, bytes]:
-    with tarfile.open(fileobj=io.BytesIO(archive)) as opened:
-        return {m.name: opened.extractfile(m).read() for m in opened.getmembers() if m.isreg()}  # type: ignore[union-attr]
-
-
-class _FakeApi:
-    def __init__(self, history: list[str], layers_count: int) -> None:
-        self._history, self._count = history, layers_count
-
-    def inspect_image(self, image_id: str) -> dict[str, object]:
-        diff_ids = [f"sha256:{i:064x}" for i in range(self._count)]
-        return {"RootFS": {"Layers": diff_ids}, "Architecture": "amd64", "Os": "linux", "Config": {"Env": []}}
-
-    def history(self, image_id: str) -> list[dict[str, object]]:
-        return [{"CreatedBy": line, "Comment": ""} for line in reversed(self._history)]
-
-
-class _FakeEngine:
-    def __init__(self, history: list[str], layers_count: int) -> None:
-        self.api = _FakeApi(history, layers_count)
-
-
-RUN = "|1 PYTHONHASHSEED=0 /bin/sh -c pip install x  && sh /opt/torch-images/settle-layer.sh"
-
-
-def test_only_an_image_whose_layers_all_come_from_settled_runs_skips_docker_save() -> None:
-    settled = ["bootstrap bookworm", "/bin/sh -c #(nop)  ENV A=1", RUN, "/bin/sh -c #(nop)  LABEL x=y", RUN]
-    config = normalize.config_from_engine(_FakeEngine(settled, 3), "sha256:x", 1)  # type: ignore[arg-type]
-    assert config is not None
-    assert [bool(h.get("empty_layer")) for h in config["history"]] == [False, True, False, True, False]
-    copied = [*settled, "/bin/sh -c #(nop) COPY file:abc in /opt/x "]
-    assert normalize.config_from_engine(_FakeEngine(copied, 4), "sha256:x", 1) is None  # type: ignore[arg-type]
-    unsettled = [*settled, "/bin/sh -c touch /x"]
-    assert normalize.config_from_engine(_FakeEngine(unsettled, 4), "sha256:x", 1) is None  # type: ignore[arg-type]
-    assert normalize.config_from_engine(_FakeEngine(settled, 4), "sha256:x", 1) is None  # type: ignore[arg-type]
+    one = layers.file_manifest(io.BytesIO(engine_tar([("a", "file", b"1", 1), ("b", "file", b"same", 1)])))
+    two = layers.file_manifest(io.BytesIO(engine_tar([("a", "file", b"2", 1), ("b", "file", b"same", 1)])))
+    manifests.save_manifest("sha256:one", one)
+    manifests.save_manifest("sha256:two", two)
+    assert manifests.differing_paths("sha256:one", "sha256:two") == ["a"]

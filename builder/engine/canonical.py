@@ -1,0 +1,521 @@
+"""The builder's one tar encoding for image layers: what makes an image ID the same on every engine.
+
+Docker 20.10, Docker 29 with overlay2 and Docker 29 with the containerd image store write the same
+files into a layer, in the same order, with different tar headers (type bits in the mode field or
+not, user and group names or not) and different entry sets (overlay2's differ writes the
+unchanged parent directories of a changed file and an opaque marker for every directory made
+afresh; containerd's differ writes neither). This module rewrites a layer into one encoding,
+streaming: the file contents are copied through untouched, only headers and the entry set change.
+docs/reproducible-builds.md states the encoding; in short:
+
+- entries in walk order: depth first, a directory's entries in byte order of their names (the
+  order every engine's differ walks in; a layer in another order is sorted, through a spool file);
+- one 512-byte ustar header per entry, preceded by a pax header ("././@PaxHeader") only where a
+  value needs one (a name or link target over 100 bytes, an extended attribute, a size, id or
+  time too large for its field), its records sorted by key;
+- the mode's permission bits only (07777), numeric owner ids, no user or group names, the
+  modification time in whole seconds clamped to SOURCE_DATE_EPOCH, no access or change times;
+- a directory that the layers below already hold with the same mode, owners, time and extended
+  attributes is left out, and so is an opaque marker (`.wh..wh..opq`) of a directory that the
+  layers below do not hold anything under: neither changes the file system the layers make;
+- no root entry; the archive ends with two zero blocks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tempfile
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from builder.errors import UserError
+
+BLOCK = 512
+CHUNK = 1 << 20
+WHITEOUT = ".wh."
+OPAQUE = ".wh..wh..opq"
+# Entry types kept: regular file, hard link, symbolic link, character and block device, directory, FIFO.
+REGULAR, HARDLINK, SYMLINK, CHARDEV, BLOCKDEV, DIRECTORY, FIFO = b"0", b"1", b"2", b"3", b"4", b"5", b"6"
+KINDS = {REGULAR, HARDLINK, SYMLINK, CHARDEV, BLOCKDEV, DIRECTORY, FIFO}
+XATTR = "SCHILY.xattr."
+
+
+class OutOfOrder(Exception):
+    """A layer whose entries are not in walk order: sorted through a spool file instead."""
+
+
+Metadata = tuple[bytes, int, int, int, int, tuple[tuple[str, bytes], ...], int, str, int, int, str]
+
+
+@dataclass
+class Entry:
+    """One layer entry, its header fields already in canonical form."""
+
+    name: str  # relative, no "./" and no trailing "/"
+    kind: bytes
+    mode: int
+    uid: int
+    gid: int
+    mtime: int
+    size: int = 0
+    linkname: str = ""
+    devmajor: int = 0
+    devminor: int = 0
+    xattrs: dict[str, bytes] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[bytes, ...]:
+        """Walk order: component by component, each in byte order."""
+        return tuple(part.encode("utf-8", "surrogateescape") for part in self.name.split("/"))
+
+    def metadata(self, sha256: str = "") -> Metadata:
+        """Everything that makes this entry what it is, a regular file's content by its sha256."""
+        return (self.kind, self.mode, self.uid, self.gid, self.mtime, tuple(sorted(self.xattrs.items())), self.size,
+                self.linkname, self.devmajor, self.devminor, sha256)  # fmt: skip
+
+
+# ---- reading: ustar, pax and GNU long names; gzip-compressed layers are decompressed on the way
+
+
+class Gunzip(io.RawIOBase):
+    """A gzip stream, decompressed in large chunks (a saved layer may come compressed)."""
+
+    def __init__(self, source: IO[bytes]) -> None:
+        self.source, self.pending = source, b""
+        self.inflate = zlib.decompressobj(wbits=31)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        while not self.pending:
+            chunk = self.source.read(CHUNK)
+            if not chunk:
+                self.pending = self.inflate.flush()
+                if not self.pending:
+                    return 0
+                break
+            self.pending = self.inflate.decompress(chunk)
+            while self.inflate.eof and self.inflate.unused_data:  # concatenated gzip members
+                rest = self.inflate.unused_data
+                self.inflate = zlib.decompressobj(wbits=31)
+                self.pending += self.inflate.decompress(rest)
+        count = min(len(buffer), len(self.pending))
+        buffer[:count], self.pending = self.pending[:count], self.pending[count:]
+        return count
+
+
+def uncompressed(source: IO[bytes]) -> IO[bytes]:
+    """The layer's tar: gzip is recognised by its magic bytes (a tar never starts with them)."""
+    buffered = source if isinstance(source, io.BufferedReader) else io.BufferedReader(source, CHUNK)  # type: ignore[type-var]
+    if buffered.peek(2)[:2] == b"\x1f\x8b":
+        return io.BufferedReader(Gunzip(buffered), CHUNK)
+    return buffered
+
+
+def _number(field: bytes) -> int:
+    if field[:1] and field[0] & 0x80:  # base-256, as GNU and Go write values too large for octal
+        value = int.from_bytes(field[1:], "big")
+        return value - (1 << (8 * len(field) - 1)) if field[0] & 0x40 else value
+    text = field.split(b"\0", 1)[0].strip(b" ")
+    return int(text, 8) if text else 0
+
+
+def _text(field: bytes) -> str:
+    return field.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+
+
+def _pax_records(data: bytes) -> dict[str, bytes]:
+    records: dict[str, bytes] = {}
+    position = 0
+    while position < len(data) and data[position : position + 1] != b"\0":
+        space = data.index(b" ", position)
+        length = int(data[position:space])
+        key, value = data[space + 1 : position + length - 1].split(b"=", 1)
+        records[key.decode("utf-8", "surrogateescape")] = value
+        position += length
+    return records
+
+
+def _read_exactly(source: IO[bytes], count: int) -> bytes:
+    data = source.read(count)
+    if len(data) != count:
+        raise UserError(f"a layer ends in the middle of an entry ({len(data)} of {count} bytes)")
+    return data
+
+
+def _skip_padding(source: IO[bytes], size: int) -> None:
+    if size % BLOCK:
+        _read_exactly(source, BLOCK - size % BLOCK)
+
+
+class DataReader:
+    """The data of the current entry, read straight from the layer stream."""
+
+    def __init__(self, source: IO[bytes], size: int) -> None:
+        self.source, self.left = source, size
+
+    def read(self, count: int = CHUNK) -> bytes:
+        data = self.source.read(min(count, self.left)) if self.left else b""
+        if self.left and not data:
+            raise UserError("a layer ends in the middle of a file")
+        self.left -= len(data)
+        return data
+
+
+def entries(source: IO[bytes], epoch: int) -> Iterator[tuple[Entry, DataReader | None]]:
+    """Every entry of a layer tar in canonical form, with a reader of its data for regular files
+    (read it before asking for the next entry). The root entry is left out."""
+    pax: dict[str, bytes] = {}
+    long_name = long_link = None
+    while True:
+        header = source.read(BLOCK)
+        if len(header) < BLOCK or header == bytes(BLOCK):
+            return
+        kind, size = header[156:157], _number(header[124:136])
+        if kind in (b"x", b"g", b"L", b"K"):
+            data = _read_exactly(source, size)
+            _skip_padding(source, size)
+            if kind == b"x":
+                pax.update(_pax_records(data))
+            elif kind == b"L":
+                long_name = data.rstrip(b"\0").decode("utf-8", "surrogateescape")
+            elif kind == b"K":
+                long_link = data.rstrip(b"\0").decode("utf-8", "surrogateescape")
+            continue  # a global pax header ("g") sets nothing an image needs
+        name = _text(header[0:100])
+        if header[257:262] == b"ustar" and header[345:346] != b"\0" and header[257:263] == b"ustar\0":
+            name = _text(header[345:500]) + "/" + name
+        name = long_name or (pax["path"].decode("utf-8", "surrogateescape") if "path" in pax else name)
+        linkname = long_link or (
+            pax["linkpath"].decode("utf-8", "surrogateescape") if "linkpath" in pax else _text(header[157:257])
+        )
+        if "size" in pax:
+            size = int(pax["size"])
+        kind = REGULAR if kind == b"\0" or kind == b"7" else kind
+        if kind not in KINDS:
+            raise UserError(f"layer entry {name!r} has tar type {kind!r}, which no image layer needs")
+        mtime = int(float(pax["mtime"])) if "mtime" in pax else _number(header[136:148])
+        entry = Entry(
+            name=name.removeprefix("./").strip("/"),
+            kind=kind,
+            mode=_number(header[100:108]) & 0o7777,
+            uid=int(pax["uid"]) if "uid" in pax else _number(header[108:116]),
+            gid=int(pax["gid"]) if "gid" in pax else _number(header[116:124]),
+            mtime=min(mtime, epoch),
+            size=size if kind == REGULAR else 0,
+            linkname=linkname.removeprefix("./") if kind == HARDLINK else linkname if kind == SYMLINK else "",
+            devmajor=_number(header[329:337]) if kind in (CHARDEV, BLOCKDEV) else 0,
+            devminor=_number(header[337:345]) if kind in (CHARDEV, BLOCKDEV) else 0,
+            xattrs={k[len(XATTR) :]: v for k, v in pax.items() if k.startswith(XATTR)},
+        )
+        pax, long_name, long_link = {}, None, None
+        if kind != REGULAR and size:  # a link or directory with data: skip it
+            _read_exactly(source, size)
+            _skip_padding(source, size)
+        if not entry.name:
+            continue
+        if kind == REGULAR:
+            reader = DataReader(source, size)
+            yield entry, reader
+            while reader.read():
+                pass
+            _skip_padding(source, size)
+        else:
+            yield entry, None
+
+
+# ---- writing
+
+
+def _octal(value: int, width: int) -> bytes:
+    return b"%0*o\0" % (width - 1, value)
+
+
+def _pax_record(key: str, value: bytes) -> bytes:
+    body = b" " + key.encode("utf-8", "surrogateescape") + b"=" + value + b"\n"
+    length = len(body) + 1
+    while len(str(length)) + len(body) != length:
+        length = len(str(length)) + len(body)
+    return str(length).encode() + body
+
+
+def _ustar(name: bytes, mode: int, uid: int, gid: int, size: int, mtime: int, kind: bytes, link: bytes,
+           devmajor: int, devminor: int) -> bytes:  # fmt: skip
+    header = bytearray(BLOCK)
+    header[0:100] = name[:100].ljust(100, b"\0")
+    header[100:108] = _octal(mode, 8)
+    header[108:116] = _octal(uid, 8)
+    header[116:124] = _octal(gid, 8)
+    header[124:136] = _octal(size, 12)
+    header[136:148] = _octal(mtime, 12)
+    header[148:156] = b" " * 8
+    header[156:157] = kind
+    header[157:257] = link[:100].ljust(100, b"\0")
+    header[257:265] = b"ustar\x0000"
+    header[329:337] = _octal(devmajor, 8)
+    header[337:345] = _octal(devminor, 8)
+    header[148:156] = b"%06o\0 " % sum(header)
+    return bytes(header)
+
+
+OCTAL_LIMITS = {8: 0o7777777, 12: 0o77777777777}
+
+
+def header(entry: Entry) -> bytes:
+    """The entry's header blocks: a pax header where a value needs one, then the ustar header."""
+    name = entry.name.encode("utf-8", "surrogateescape") + (b"/" if entry.kind == DIRECTORY else b"")
+    link = entry.linkname.encode("utf-8", "surrogateescape")
+    records: dict[str, bytes] = {}
+    if len(name) > 100:
+        records["path"] = name
+    if len(link) > 100:
+        records["linkpath"] = link
+    for key, value, width in (("uid", entry.uid, 8), ("gid", entry.gid, 8), ("size", entry.size, 12)):
+        if value > OCTAL_LIMITS[width]:
+            records[key] = str(value).encode()
+    if entry.mtime > OCTAL_LIMITS[12] or entry.mtime < 0:
+        records["mtime"] = str(entry.mtime).encode()
+    for attribute, raw in entry.xattrs.items():
+        records[XATTR + attribute] = raw
+    blocks = b""
+    if records:
+        payload = b"".join(_pax_record(key, records[key]) for key in sorted(records))
+        blocks = _ustar(b"././@PaxHeader", 0o644, 0, 0, len(payload), 0, b"x", b"", 0, 0)
+        blocks += payload + bytes(-len(payload) % BLOCK)
+
+    def fits(value: int, width: int) -> int:
+        return value if 0 <= value <= OCTAL_LIMITS[width] else 0
+
+    return blocks + _ustar(
+        name, entry.mode, fits(entry.uid, 8), fits(entry.gid, 8), fits(entry.size, 12), fits(entry.mtime, 12),
+        entry.kind, link, entry.devmajor, entry.devminor,
+    )  # fmt: skip
+
+
+class _Digesting:
+    """A sink that hashes and counts what it writes: the diff ID of the layer written."""
+
+    def __init__(self, sink: IO[bytes]) -> None:
+        self.sink, self.digest, self.size = sink, hashlib.sha256(), 0
+
+    def write(self, data: bytes) -> None:
+        self.digest.update(data)
+        self.sink.write(data)
+        self.size += len(data)
+
+
+# ---- the layers below: what an entry changes
+
+
+@dataclass
+class _Node:
+    metadata: Metadata | None = None  # None: a directory the tree made for a path below it
+    children: dict[str, _Node] | None = None  # None: not a directory
+
+
+class LowerTree:
+    """The file system the layers below make: each path's metadata (a file's content by sha256)."""
+
+    def __init__(self) -> None:
+        self.root = _Node(children={})
+
+    def find(self, name: str) -> _Node | None:
+        node: _Node | None = self.root
+        for part in name.split("/"):
+            if node is None or node.children is None:
+                return None
+            node = node.children.get(part)
+        return node
+
+    def holds_anything_under(self, directory: str) -> bool:
+        node = self.find(directory) if directory else self.root
+        return bool(node and node.children)
+
+    def same_metadata(self, entry: Entry) -> bool:
+        """Whether the layers below hold this path with the same metadata (a file's content aside)."""
+        node = self.find(entry.name)
+        return node is not None and node.metadata is not None and node.metadata[:-1] == entry.metadata()[:-1]
+
+    def unchanged(self, entry: Entry, sha256: str = "") -> bool:
+        node = self.find(entry.name)
+        return node is not None and node.metadata == entry.metadata(sha256)
+
+    def apply(self, layer: list[tuple[Entry, str]]) -> None:
+        """Apply a layer (each entry with its content's sha256): its whiteouts first (they name
+        what is below), then what it adds."""
+        for entry, _ in layer:
+            parent, _, base = entry.name.rpartition("/")
+            if base == OPAQUE:
+                node = self.find(parent) if parent else self.root
+                if node is not None and node.children is not None:
+                    node.children = {}
+            elif base.startswith(WHITEOUT):
+                node = self.find(parent) if parent else self.root
+                if node is not None and node.children is not None:
+                    node.children.pop(base[len(WHITEOUT) :], None)
+        for entry, sha256 in layer:
+            parent, _, base = entry.name.rpartition("/")
+            if base.startswith(WHITEOUT):
+                continue
+            folder = self._directory(parent)
+            if entry.kind == DIRECTORY:
+                existing = folder.get(base)
+                kept = existing.children if existing is not None and existing.children is not None else {}
+                folder[base] = _Node(entry.metadata(), kept)
+            else:
+                folder[base] = _Node(entry.metadata(sha256))
+
+    def _directory(self, name: str) -> dict[str, _Node]:
+        node = self.root
+        for part in name.split("/") if name else []:
+            assert node.children is not None
+            child = node.children.get(part)
+            if child is None or child.children is None:
+                child = node.children[part] = _Node(children={})
+            node = child
+        assert node.children is not None
+        return node.children
+
+
+# ---- one layer
+
+
+@dataclass
+class CanonicalLayer:
+    diff_id: str
+    size: int
+    entries: int
+    dropped: int  # entries that change nothing: unchanged directories, files and links; empty opaque markers
+
+
+# A file the layers below may already hold is read whole before its header is written (only then
+# is its content known); up to this size in memory, beyond it through a spool file.
+IN_MEMORY = 64 << 20
+
+
+def _buffered(data: DataReader, size: int) -> tuple[IO[bytes], str]:
+    # The caller reads it once and drops it; a spool file is deleted when closed or collected.
+    spool: IO[bytes] = io.BytesIO() if size <= IN_MEMORY else tempfile.TemporaryFile()  # noqa: SIM115
+    digest = hashlib.sha256()
+    while chunk := data.read():
+        digest.update(chunk)
+        spool.write(chunk)
+    spool.seek(0)
+    return spool, digest.hexdigest()
+
+
+def write_layer(stream: Iterator[tuple[Entry, DataReader | None]], sink: IO[bytes], lower: LowerTree,
+                check_order: bool = True) -> CanonicalLayer:  # fmt: skip
+    """Write a layer's entries in the canonical encoding and apply them to `lower`. Raises
+    OutOfOrder (having written part of it) when check_order finds two entries out of walk order."""
+    out = _Digesting(sink)
+    written: list[tuple[Entry, str]] = []
+    dropped_files: set[str] = set()
+    previous: tuple[bytes, ...] = ()
+    dropped = 0
+    for entry, data in stream:
+        key = entry.key
+        if check_order and key <= previous:
+            raise OutOfOrder(entry.name)
+        previous = key
+        parent, _, base = entry.name.rpartition("/")
+        if base == OPAQUE and not lower.holds_anything_under(parent):
+            dropped += 1
+            continue
+        if entry.kind == HARDLINK and entry.linkname in dropped_files:
+            raise UserError(f"layer entry {entry.name} links to {entry.linkname}, a file the layers below hold already")
+        content: IO[bytes] | None = data  # type: ignore[assignment]
+        sha256 = ""
+        if data is not None and lower.same_metadata(entry):
+            content, sha256 = _buffered(data, entry.size)
+        if lower.unchanged(entry, sha256):
+            dropped += 1
+            dropped_files.add(entry.name)
+            continue
+        out.write(header(entry))
+        if content is not None:
+            digest = hashlib.sha256() if not sha256 else None
+            while chunk := content.read(CHUNK):
+                if digest is not None:
+                    digest.update(chunk)
+                out.write(chunk)
+            out.write(bytes(-entry.size % BLOCK))
+            sha256 = sha256 or (digest.hexdigest() if digest else "")
+        written.append((entry, sha256))
+    out.write(bytes(2 * BLOCK))
+    lower.apply(written)
+    return CanonicalLayer("sha256:" + out.digest.hexdigest(), out.size, len(written), dropped)
+
+
+def _sorted(source: IO[bytes], epoch: int, workdir: Path) -> Iterator[tuple[Entry, DataReader | None]]:
+    """A layer's entries in walk order, their data kept in a spool file meanwhile. A hard link
+    whose target sorts after it carries the data instead, so every link follows its target."""
+    with tempfile.TemporaryFile(dir=workdir) as spool:
+        found: list[tuple[Entry, int]] = []
+        for entry, data in entries(source, epoch):
+            offset = spool.tell()
+            if data is not None:
+                while chunk := data.read():
+                    spool.write(chunk)
+            found.append((entry, offset))
+        by_name = {entry.name: (entry, offset) for entry, offset in found}
+        heads: dict[str, str] = {}
+        for entry, offset in sorted(found, key=lambda item: item[0].key):
+            if entry.kind == HARDLINK and entry.linkname in by_name:
+                target, target_offset = by_name[entry.linkname]
+                head = heads.setdefault(entry.linkname, entry.name)
+                if head == entry.name:  # the first of the group in walk order carries the data
+                    entry.kind, entry.size, entry.linkname, offset = REGULAR, target.size, "", target_offset
+                else:
+                    entry.linkname = head
+            elif entry.kind == REGULAR and heads.get(entry.name, entry.name) != entry.name:
+                entry.kind, entry.size, entry.linkname = HARDLINK, 0, heads[entry.name]
+            elif entry.kind == REGULAR:
+                heads.setdefault(entry.name, entry.name)
+            yield entry, _SpoolReader(spool, offset, entry.size) if entry.kind == REGULAR else None
+
+
+class _SpoolReader(DataReader):
+    def __init__(self, spool: IO[bytes], offset: int, size: int) -> None:
+        super().__init__(spool, size)
+        self.offset = offset
+
+    def read(self, count: int = CHUNK) -> bytes:
+        self.source.seek(self.offset)
+        data = super().read(count)
+        self.offset += len(data)
+        return data
+
+
+def canonical_layer_sorted(
+    source: IO[bytes], sink: IO[bytes], lower: LowerTree, epoch: int, workdir: Path
+) -> CanonicalLayer:
+    """Rewrite a layer whose entries are not in walk order (sorted through a spool file)."""
+    return write_layer(_sorted(uncompressed(source), epoch, workdir), sink, lower, check_order=False)
+
+
+def canonical_stream(source: IO[bytes], sink: IO[bytes], lower: LowerTree, epoch: int) -> CanonicalLayer:
+    """Rewrite a layer in walk order straight from `source` into `sink`; raises OutOfOrder."""
+    return write_layer(entries(uncompressed(source), epoch), sink, lower)
+
+
+def rewrite_file(path: Path, epoch: int) -> CanonicalLayer:
+    """A bottom layer's file (a bootstrapped base's root file system) rewritten in place in
+    canonical form."""
+    target = path.with_name(path.name + ".canonical")
+    with path.open("rb") as source, target.open("wb") as sink:
+        try:
+            result = canonical_stream(source, sink, LowerTree(), epoch)
+        except OutOfOrder:
+            source.seek(0)
+            sink.seek(0)
+            sink.truncate()
+            result = canonical_layer_sorted(source, sink, LowerTree(), epoch, path.parent)
+    os.replace(target, path)
+    return result

@@ -1,0 +1,102 @@
+"""One image ID on every engine users run: Docker 29 (the containerd image store, its default, and
+overlay2) started beside the host's engine, fresh, and stopped by PID afterwards.
+
+The CPU cell is built through the CLI, as a user would, on an empty data root: it must give the
+image ID recorded in images/<cell>/image-id, the same the host's engine gives (the `built`
+fixture). On the containerd store it is also self-tested, built with BuildKit, published to a
+loopback registry and verified from the registry alone.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+
+from builder.engine import ids
+from builder.repro import recorded
+from tests.integration.conftest import REPO, BuiltCell, RunningRegistry
+from tests.support import docker29
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
+
+
+@pytest.fixture(scope="module", params=docker29.STORES)
+def engine29(request: pytest.FixtureRequest) -> Iterator[docker29.Engine]:
+    store = request.param
+    with docker29.running(store, fresh=True) as engine:
+        yield engine
+    docker29.remove(store)  # its data root: several GB
+
+
+def _builder(engine: docker29.Engine, *arguments: str, timeout: int = 1200) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, **engine.environment(), "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "builder", *arguments],
+        cwd=REPO,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _client(engine: docker29.Engine) -> docker.DockerClient:
+    return docker.DockerClient(base_url=engine.docker_host, version="auto")
+
+
+def test_the_cpu_cell_builds_to_its_recorded_image_id_on_docker_29(engine29: docker29.Engine, built: BuiltCell) -> None:
+    client = _client(engine29)
+    assert client.version()["Version"].startswith("29.")
+    uses_containerd = any("containerd.snapshotter" in str(pair) for pair in client.info().get("DriverStatus") or [])
+    assert uses_containerd == (engine29.store == "containerd")
+    record = recorded.read(built.cell)
+    assert record is not None and built.image_id == record.image_id  # the host's engine gives it too
+    # The self-test runs where the builder is the user's first command (the containerd store).
+    smoke = [] if engine29.store == "containerd" else ["--no-smoke"]
+    result = _builder(engine29, "build", *smoke, built.cell.name)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"the recorded image ID {record.image_id[7:19]}" in result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
+    assert ids.config_digest(client, built.reference) == record.image_id
+    if engine29.store == "containerd":
+        assert "self-test passed" in result.stdout or "pass" in result.stdout
+
+
+def test_buildkit_on_docker_29_gives_the_same_image_id(engine29: docker29.Engine, built: BuiltCell) -> None:
+    if engine29.store != "containerd":
+        pytest.skip("BuildKit is tried on Docker 29's default store")
+    record = recorded.read(built.cell)
+    assert record is not None
+    result = _builder(engine29, "build", "--no-smoke", "--no-cache", "--backend", "buildkit", built.cell.name)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"the recorded image ID {record.image_id[7:19]}" in result.stdout
+
+
+def test_publish_and_verify_from_docker_29s_containerd_store(
+    engine29: docker29.Engine,
+    built: BuiltCell,
+    start_registry,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    if engine29.store != "containerd":
+        pytest.skip("publish is tried on Docker 29's default store")
+    registry: RunningRegistry = start_registry()
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text((REPO / "matrix.yaml").read_text().replace("registry: ", f"registry: {registry.host}  # ", 1))
+    (tmp_path / "images").symlink_to(REPO / "images")
+    arguments = ["--matrix", str(matrix)]
+    published = _builder(engine29, *arguments, "publish", built.cell.name)
+    assert published.returncode == 0, published.stdout[-3000:] + published.stderr[-3000:]
+    verified = _builder(engine29, *arguments, "verify", f"{registry.host}/torch:{built.cell.tag}")
+    assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-3000:]
+    assert built.image_id[7:19] in verified.stdout
+    # Publishing again finds the same image in the registry: nothing is pushed.
+    again = _builder(engine29, *arguments, "publish", built.cell.name)
+    assert again.returncode == 0 and "unchanged" in again.stdout, again.stdout[-2000:]
