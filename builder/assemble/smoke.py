@@ -63,8 +63,10 @@ def run(
             f"no image {reference} in the engine; build it first (`python -m builder build CELL`)"
         ) from None
     architecture = image.attrs.get("Architecture", "")
-    if architecture in emulation.ARCHITECTURES:  # an arm64 image on an x86 host runs under qemu
+    emulated = architecture in emulation.ARCHITECTURES and architecture != emulation.host_architecture()
+    if emulated:  # an arm64 image on an x86 host runs under qemu: the self-test is told so
         emulation.ensure(architecture)
+        extra = ["--emulated", *(extra or [])]
     use_gpus = has_nvidia_runtime(engine) if gpus is None else gpus
     started = time.monotonic()
     container = engine.containers.run(

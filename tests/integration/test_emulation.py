@@ -14,7 +14,8 @@ import pytest
 from builder.engine import bases, emulation
 from builder.plan.matrix import load_matrix
 
-pytestmark = [pytest.mark.integration, pytest.mark.emulation]
+# arm64 under qemu: a base bootstrap, a 20-minute build, a self-test of about 8 minutes.
+pytestmark = [pytest.mark.integration, pytest.mark.emulation, pytest.mark.timeout(3600)]
 
 REPO = Path(__file__).resolve().parents[2]
 

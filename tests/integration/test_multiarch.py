@@ -22,7 +22,8 @@ from builder.publish import multiarch, publish, staging
 from builder.publish.registry import OCI_INDEX
 from tests.integration.conftest import RunningRegistry
 
-pytestmark = [pytest.mark.integration, pytest.mark.emulation]
+# arm64 under qemu: a base bootstrap, a 20-minute build, a self-test of about 8 minutes.
+pytestmark = [pytest.mark.integration, pytest.mark.emulation, pytest.mark.timeout(3600)]
 
 REPO = Path(__file__).resolve().parents[2]
 MATRIX = REPO / "tests/fixtures/multiarch.yaml"

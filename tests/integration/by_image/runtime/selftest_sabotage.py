@@ -21,7 +21,10 @@ import selftest
 import torch
 import torch._inductor.cpu_vec_isa as vec_isa
 
-ARGS = argparse.Namespace(cpu=True, peaks=Path("/nonexistent"), spec=Path("/nonexistent"), quick=True, verbose=False)
+ARGS = argparse.Namespace(
+    cpu=True, peaks=Path("/nonexistent"), spec=Path("/nonexistent"), quick=True, verbose=False, emulated=False,
+    check_timeout=600,
+)
 
 
 def _off_by(amount: float, dtype: torch.dtype, forward: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:

@@ -151,6 +151,17 @@ class TestRuntimeImage:
         assert "warning: /dev/shm is 64 MiB" in output and "--shm-size" in output and "result: pass" in output
         assert "warning" not in image.run("torch-selftest", "--only", "host", shm_size="2g")
 
+    def test_a_check_past_its_time_limit_fails_by_name_and_the_report_still_comes_out(self, image: BuiltCell) -> None:
+        """The two-process check takes seconds to spawn its workers: a 1-second limit stops it, its
+        workers with it, and the run goes on to write the report."""
+        output = image.run("sh", "-c", "torch-selftest --only distributed --check-timeout 1 --json -; echo exit=$?")
+        report = json.loads(output[output.index("{") : output.rindex("}") + 1])
+        [check] = report["checks"]
+        assert check["status"] == "fail"
+        assert check["message"].startswith("distributed ran past its time limit of 1 s")
+        assert report["check_timeout_s"] == 1 and report["emulated"] is False
+        assert output.strip().endswith("exit=1")
+
     def test_each_self_test_gate_fails_when_what_it_checks_is_broken(self, image: BuiltCell) -> None:
         script = (Path(__file__).parent / "selftest_sabotage.py").read_text()
         outcomes = json.loads(image.run("python", "-c", script).strip().splitlines()[-1])
@@ -170,6 +181,10 @@ class TestRuntimeImage:
             "cuda-runtime: torch built without NVSHMEM": cuda_only,
         }
         assert "cuda-compat-13-2" in outcomes["host: a CUDA 12.8 driver under a CUDA 13.2 image"][1]
+        # A failing comparison says what to act on: dtype, where it ran, the share off, the worst element.
+        compile_line = outcomes["torch.compile: compiled differs from eager"][1]
+        assert "compiled in float16 differs from eager (CPU, Inductor ISA" in compile_line
+        assert "4096 of 4096 elements (100.0%)" in compile_line and "worst at input" in compile_line
 
     def test_report_json_is_what_the_image_printed(self, smoke_result: smoke.SmokeResult) -> None:
         stored = json.loads(smoke_result.path.read_text())
