@@ -542,7 +542,9 @@ def _inductor_isa() -> str:
     return type(isa).__name__ if isa else "none"
 
 
-def mismatch(actual: torch.Tensor, expected: torch.Tensor, inputs: torch.Tensor, rtol: float, atol: float) -> Optional[str]:
+def mismatch(
+    actual: torch.Tensor, expected: torch.Tensor, inputs: torch.Tensor, rtol: float, atol: float
+) -> Optional[str]:
     """None when the two agree within the tolerance; else what an engineer needs to act on it: the
     share of elements off, and the worst one with its input and both values."""
     off = ~torch.isclose(actual, expected, rtol=rtol, atol=atol)
@@ -566,8 +568,12 @@ def _compile_dtypes(ctx: Context) -> List[str]:
         compiled = torch.compile(_sin_cos, backend="inductor")(x)
         problem = mismatch(compiled, _sin_cos(x), x, *_TOLERANCES[dtype])
         if problem:
-            where = ctx.gpu_name or f"CPU, Inductor ISA {_inductor_isa()}, ATen {torch.backends.cpu.get_cpu_capability()}"
-            raise Failure(f"sin(x)+cos(x) compiled in {str(dtype).replace('torch.', '')} differs from eager ({where}): {problem}")
+            where = (
+                ctx.gpu_name or f"CPU, Inductor ISA {_inductor_isa()}, ATen {torch.backends.cpu.get_cpu_capability()}"
+            )
+            raise Failure(
+                f"sin(x)+cos(x) compiled in {str(dtype).replace('torch.', '')} differs from eager ({where}): {problem}"
+            )
         checked.append(str(dtype).replace("torch.", ""))
     return checked
 

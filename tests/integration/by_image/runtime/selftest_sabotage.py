@@ -22,7 +22,12 @@ import torch
 import torch._inductor.cpu_vec_isa as vec_isa
 
 ARGS = argparse.Namespace(
-    cpu=True, peaks=Path("/nonexistent"), spec=Path("/nonexistent"), quick=True, verbose=False, emulated=False,
+    cpu=True,
+    peaks=Path("/nonexistent"),
+    spec=Path("/nonexistent"),
+    quick=True,
+    verbose=False,
+    emulated=False,
     check_timeout=600,
 )
 
