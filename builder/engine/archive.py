@@ -166,6 +166,13 @@ def _scan(
     return documents[config_name], [scanned[name] for name in names]
 
 
+def scan_saved_config_bytes(
+    engine: docker.DockerClient, image_id: str, read_layer: Callable[[str, int, IO[bytes]], Scanned]
+) -> tuple[bytes, list[Scanned]]:
+    """scan_saved, with the config as the exact bytes `docker save` gave (its sha256 is the image ID)."""
+    return _scan(engine, image_id, read_layer)
+
+
 def scan_saved(
     engine: docker.DockerClient, image_id: str, read_layer: Callable[[str, int, IO[bytes]], Scanned]
 ) -> tuple[dict[str, Any], list[Scanned]]:

@@ -100,7 +100,16 @@ def push_image(
     if current and _config_digest(current) == item.image_id:  # the same image config: the same image
         item.digest, item.unchanged = current.digest, True
         return
-    engine.images.get(ids.engine_id(engine, item.image_id)).tag(repository, tag)
+    in_engine = ids.engine_id(engine, item.image_id)
+    if not ids.engine_names_by_config(engine.api.inspect_image(in_engine)):
+        # The containerd image store pushes layers as they were loaded, uncompressed: the builder
+        # compresses and uploads them itself.
+        report(f"pushing {repository}:{tag} (gzip, compressed by the builder)")
+        manifest = recompress.push_gzip_form(engine, registry, grid.spec.repository, in_engine, report)
+        registry.put_manifest(grid.spec.repository, tag, manifest)
+        item.digest = manifest.digest
+        return
+    engine.images.get(in_engine).tag(repository, tag)
     found = registry.credentials
     auth = {"username": found.username, "password": found.password} if found else None
     report(f"pushing {repository}:{tag}")

@@ -1,5 +1,6 @@
-"""zstd layers: the same image, its layers compressed with zstd instead of gzip, uploaded by the
-builder itself (`publish --compression zstd`).
+"""Layers compressed and uploaded by the builder itself: the zstd form (`publish --compression
+zstd`), and the gzip form where the engine cannot push one (Docker 29's containerd image store
+pushes the layers as the builder loaded them, uncompressed).
 
 Why the builder uploads them: Docker 20.10 (Debian 12's engine) can neither push nor pull zstd
 layers. containerd has read them since 1.5, Docker since 23.0 (docs/using-images.md).
@@ -25,6 +26,7 @@ import hashlib
 import json
 import os
 import tempfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +42,10 @@ from builder.publish.registry import OCI_MANIFEST, Manifest, Registry
 
 Report = Callable[[str], None]
 ZSTD_LAYER = "application/vnd.oci.image.layer.v1.tar+zstd"
+GZIP_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
+# zlib's default level, as engines push at; its gzip header carries no time or name, so the same
+# layer and zlib version give the same bytes.
+GZIP_LEVEL = 6
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 COMPRESSION_ANNOTATION = "io.torch-images.compression"
 CHUNK = 1 << 20
@@ -89,6 +95,17 @@ def compress_layer(source: IO[bytes], size: int, level: int, sink: IO[bytes]) ->
     return "sha256:" + raw.hexdigest(), Blob("sha256:" + hashing.digest.hexdigest(), hashing.size)
 
 
+def gzip_layer(source: IO[bytes], sink: IO[bytes]) -> tuple[str, Blob]:
+    """Compress one uncompressed layer with gzip into `sink`; returns its diff ID and the blob."""
+    raw, hashing = hashlib.sha256(), _HashingSink(sink)
+    deflate = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)
+    while chunk := source.read(CHUNK):
+        raw.update(chunk)
+        hashing.write(deflate.compress(chunk))
+    hashing.write(deflate.flush())
+    return "sha256:" + raw.hexdigest(), Blob("sha256:" + hashing.digest.hexdigest(), hashing.size)
+
+
 def cache_dir() -> Path:
     return paths.cache_dir("zstd")
 
@@ -97,8 +114,12 @@ def _cache_file(level: int, diff_id: str) -> Path:
     return cache_dir() / f"{level}-{libzstd_version()}" / f"{diff_id[7:]}.json"
 
 
-def _remembered(level: int, diff_id: str) -> Blob | None:
-    path = _cache_file(level, diff_id)
+def _gzip_cache_file(diff_id: str) -> Path:
+    return paths.cache_dir("gzip") / f"{GZIP_LEVEL}-zlib{zlib.ZLIB_RUNTIME_VERSION}" / f"{diff_id[7:]}.json"
+
+
+def _remembered(level: int, diff_id: str, path: Path | None = None) -> Blob | None:
+    path = path or _cache_file(level, diff_id)
     try:
         entry = json.loads(path.read_text())
         blob = Blob(str(entry["digest"]), int(entry["size"]))
@@ -107,8 +128,8 @@ def _remembered(level: int, diff_id: str) -> Blob | None:
     return blob if Registry.is_digest(blob.digest) and blob.size > 0 else None
 
 
-def _remember(level: int, diff_id: str, blob: Blob) -> None:
-    path = _cache_file(level, diff_id)
+def _remember(level: int, diff_id: str, blob: Blob, path: Path | None = None) -> None:
+    path = path or _cache_file(level, diff_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(".tmp")
     temporary.write_text(json.dumps({"digest": blob.digest, "size": blob.size}))
@@ -194,3 +215,43 @@ def _compress_and_upload(
             f"docker save of {image_id[7:19]} held no layer with diff ID {sorted(missing)[0][:19]}; nothing was tagged"
         )
     return found
+
+
+def push_gzip_form(
+    engine: docker.DockerClient, registry: Registry, repository: str, reference: str, report: Report
+) -> Manifest:
+    """Upload the image tagged `reference` with gzip layers compressed here, and its config blob
+    byte for byte; return its OCI manifest, not yet under any tag. For an engine whose push sends
+    the layers as they were loaded (the containerd image store): what the registry holds is
+    compressed as an engine's push would be, and the same on every engine."""
+    found: dict[str, Blob] = {}
+    with tempfile.TemporaryDirectory(dir=cache_dir()) as scratch:
+
+        def compress(name: str, size: int, handle: IO[bytes]) -> str:
+            path = Path(scratch, "layer.gz")
+            with path.open("wb") as sink:
+                diff_id, blob = gzip_layer(handle, sink)
+            cached = _remembered(GZIP_LEVEL, diff_id, _gzip_cache_file(diff_id))
+            if diff_id not in found and not (cached == blob and registry.has_blob(repository, blob.digest)):
+                registry.upload_blob_file(repository, path, blob.digest)
+                _remember(GZIP_LEVEL, diff_id, blob, _gzip_cache_file(diff_id))
+                report(f"gzip layer {diff_id[7:19]}: {size / 1e6:.0f} MB -> {blob.size / 1e6:.0f} MB")
+            found[diff_id] = blob
+            path.unlink()
+            return diff_id
+
+        config_bytes, diff_ids = archive.scan_saved_config_bytes(engine, reference, compress)
+    config_digest = "sha256:" + hashlib.sha256(config_bytes).hexdigest()
+    if not registry.has_blob(repository, config_digest):
+        with tempfile.NamedTemporaryFile(dir=cache_dir()) as handle:
+            handle.write(config_bytes)
+            handle.flush()
+            registry.upload_blob_file(repository, Path(handle.name), config_digest)
+    document = {
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "config": {"mediaType": OCI_CONFIG, "digest": config_digest, "size": len(config_bytes)},
+        "layers": [{"mediaType": GZIP_LAYER, "digest": found[d].digest, "size": found[d].size} for d in diff_ids],
+        "annotations": {COMPRESSION_ANNOTATION: f"gzip level {GZIP_LEVEL}, zlib {zlib.ZLIB_RUNTIME_VERSION}"},
+    }
+    return Manifest.of(archive.canonical_json(document), OCI_MANIFEST)
