@@ -511,17 +511,20 @@ def check_compile(ctx: Context) -> Metrics:
         eager_s = timed(ctx, lambda: model(x), iterations)
         compiled_s = timed(ctx, lambda: compiled(x), iterations)
     speedup = eager_s / compiled_s
+    dtypes, findings = _compile_dtypes(ctx)
     metrics = {
         "compile_s": round(compile_seconds, 2),
         "max_abs_error": error,
         "speedup_vs_eager": round(speedup, 2),
-        "dtypes": _compile_dtypes(ctx),
+        "dtypes": dtypes,
     }
     if ctx.cuda:
         metrics["max_autotune"] = _compile_max_autotune(ctx)
     floor = ctx.threshold("compile_speedup_min")
     if floor is not None and speedup < floor:
         raise Failure(f"compiled model runs at {speedup:.2f}x eager, needs >= {floor}")
+    if findings:
+        raise Warn("; ".join(findings))
     return metrics
 
 
@@ -559,23 +562,35 @@ def mismatch(
     )
 
 
-def _compile_dtypes(ctx: Context) -> List[str]:
-    """The same function compiled and eager agree in fp16, fp32 and fp64, on seeded inputs."""
-    checked = []
+def _compile_dtypes(ctx: Context) -> Tuple[List[str], List[str]]:
+    """The same function compiled and eager agree in fp16, fp32 and fp64, on seeded inputs.
+    Where they do not, float64 on the same inputs says which side is off: the compiled one fails
+    the check; an eager result that is off while the compiled one is right is a finding about
+    ATen on this CPU (seen on AMX/AVX512-FP16 Xeons, now and then, after a compile in the same
+    process; docs/selftest-and-publish.md), reported as a warning with its numbers.
+    Returns the dtypes checked and the findings."""
+    checked, findings = [], []
     for index, dtype in enumerate((torch.float16, torch.float32, torch.float64)):
         generator = torch.Generator().manual_seed(index)
         x = torch.rand(64, 64, generator=generator).to(device=ctx.device, dtype=dtype)
         compiled = torch.compile(_sin_cos, backend="inductor")(x)
-        problem = mismatch(compiled, _sin_cos(x), x, *_TOLERANCES[dtype])
-        if problem:
-            where = (
-                ctx.gpu_name or f"CPU, Inductor ISA {_inductor_isa()}, ATen {torch.backends.cpu.get_cpu_capability()}"
+        eager = _sin_cos(x)
+        name = str(dtype).replace("torch.", "")
+        where = ctx.gpu_name or f"CPU, Inductor ISA {_inductor_isa()}, ATen {torch.backends.cpu.get_cpu_capability()}"
+        rtol, atol = _TOLERANCES[dtype]
+        if mismatch(compiled, eager, x, rtol, atol):
+            exact = _sin_cos(x.double())
+            # Against float64, each side may be off by its own rounding to the dtype: twice the tolerance.
+            compiled_off = mismatch(compiled.double(), exact, x, 2 * rtol, 2 * atol)
+            eager_off = mismatch(eager.double(), exact, x, 2 * rtol, 2 * atol)
+            if compiled_off or not eager_off:
+                problem = mismatch(compiled, eager, x, rtol, atol)
+                raise Failure(f"sin(x)+cos(x) compiled in {name} differs from eager ({where}): {problem}")
+            findings.append(
+                f"eager sin(x)+cos(x) in {name} is off against float64 ({where}), compiled is right: {eager_off}"
             )
-            raise Failure(
-                f"sin(x)+cos(x) compiled in {str(dtype).replace('torch.', '')} differs from eager ({where}): {problem}"
-            )
-        checked.append(str(dtype).replace("torch.", ""))
-    return checked
+        checked.append(name)
+    return checked, findings
 
 
 def _compile_max_autotune(ctx: Context) -> Metrics:
