@@ -98,7 +98,10 @@ class Context:
 
 
 def timed(ctx: Context, fn: Callable[[], Any], iterations: int, warmup: int = 2) -> float:
-    """Median seconds per call, after warm-up, with the device synchronised."""
+    """Median seconds per call, after warm-up, with the device synchronised. Under emulation a
+    time measures qemu, not the image: one call, no warm-up (speeds are reported, never gated there)."""
+    if ctx.args.emulated:
+        iterations, warmup = 1, 0
     for _ in range(warmup):
         fn()
     ctx.sync()
@@ -691,7 +694,9 @@ def check_sdpa(ctx: Context) -> Metrics:
     from torch.nn.attention import SDPBackend
 
     dtype = torch.bfloat16 if ctx.cuda else torch.float32
-    seq = 1024 if ctx.cuda else 256
+    # Under qemu one math call of the 32-head shape at 256 takes 88 s (aarch64 on an x86 host):
+    # the same shapes and backends are compared at 64, which is what correctness needs.
+    seq = 1024 if ctx.cuda else 64 if ctx.args.emulated else 256
     shapes = [(8, 8, 64), (8, 8, 128), (32, 4, 128), (16, 2, 64)]  # (query heads, KV heads, head dim)
     metrics: Metrics = {}
     problems = []
@@ -822,10 +827,6 @@ def _rpc_worker(rank: int, world: int, init_file: str) -> None:
     rpc.shutdown()
 
 
-# Why the RPC round trip is not run under qemu's user-mode emulation (see docs/selftest-and-publish.md).
-RPC_UNDER_EMULATION = "not run under emulation"
-
-
 def _spawn_two(fn: Callable[..., None], args: Tuple[Any, ...]) -> float:
     """Run fn in two processes and wait for both; returns the seconds. Stopped early (the check's
     time limit), the processes are killed rather than left behind."""
@@ -849,8 +850,6 @@ def check_distributed(ctx: Context) -> Metrics:
     backend = "nccl" if ctx.cuda and torch.cuda.device_count() >= 2 else "gloo"
     with tempfile.TemporaryDirectory() as scratch:
         all_reduce_s = _spawn_two(_all_reduce_worker, (2, backend, os.path.join(scratch, "rendezvous")))
-        if ctx.args.emulated:
-            return {"backend": backend, "world_size": 2, "seconds": round(all_reduce_s, 2), "rpc": RPC_UNDER_EMULATION}
         environment = {"TP_SOCKET_IFNAME": os.environ.get("TP_SOCKET_IFNAME", "lo")}
         os.environ.update(environment)  # inherited by the spawned workers
         rpc_s = _spawn_two(_rpc_worker, (2, os.path.join(scratch, "rpc-rendezvous")))
@@ -1073,7 +1072,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--emulated",
         action="store_true",
         help="this runs under CPU emulation (qemu user mode; the builder says so for another architecture's "
-        "image): longer time limits, and the checks emulation cannot run are skipped with the reason",
+        "image): longer time limits, and the report says so",
     )
     parser.add_argument(
         "--check-timeout",

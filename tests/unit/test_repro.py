@@ -390,3 +390,49 @@ def test_differing_paths_names_what_changed_between_two_layers(tmp_path: Path, m
     manifests.save_manifest("sha256:one", one)
     manifests.save_manifest("sha256:two", two)
     assert manifests.differing_paths("sha256:one", "sha256:two") == ["a"]
+
+
+# ---- BuildKit through a docker CLI the daemon accepts
+
+
+def _fake_cli(folder: Path, name: str, version: str, api: str, buildx: bool) -> str:
+    script = folder / name
+    script.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = version ]; then echo "{version} {api}"; exit 0; fi\n'
+        f'if [ "$1" = buildx ]; then exit {0 if buildx else 1}; fi\n'
+        "exit 1\n"
+    )
+    script.chmod(0o755)
+    return str(script)
+
+
+class _Daemon:
+    def __init__(self, minimum: str) -> None:
+        self.minimum = minimum
+
+    def version(self) -> dict[str, str]:
+        return {"MinAPIVersion": self.minimum}
+
+
+def test_buildkit_uses_only_a_cli_the_daemon_accepts_and_says_what_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from builder.assemble import backends
+
+    old = _fake_cli(tmp_path, "docker-20", "20.10.24", "1.41", buildx=False)
+    new_without_buildx = _fake_cli(tmp_path, "docker-29", "29.1.3", "1.52", buildx=False)
+    new_with_buildx = _fake_cli(tmp_path, "docker-29-buildx", "29.1.3", "1.52", buildx=True)
+    docker29 = _Daemon("1.44")
+
+    monkeypatch.setattr(backends, "cli_candidates", lambda: [old])
+    assert backends.buildkit_command(docker29) == (  # type: ignore[arg-type]
+        "BuildKit needs a docker CLI this engine accepts (API 1.44 or newer) and none is installed "
+        "(apt-get install docker.io docker-buildx); or build with --backend sdk"
+    )
+    assert backends.buildkit_command(_Daemon("1.12")) == ([old, "build"], {"DOCKER_BUILDKIT": "1"})  # type: ignore[arg-type]
+    monkeypatch.setattr(backends, "cli_candidates", lambda: [old, new_without_buildx])
+    message = backends.buildkit_command(docker29)  # type: ignore[arg-type]
+    assert isinstance(message, str) and "buildx plugin" in message and "apt-get install docker-buildx" in message
+    monkeypatch.setattr(backends, "cli_candidates", lambda: [old, new_without_buildx, new_with_buildx])
+    assert backends.buildkit_command(docker29) == ([new_with_buildx, "buildx", "build", "--load"], {})  # type: ignore[arg-type]
