@@ -4,10 +4,13 @@ This is the engine a new Ubuntu user gets from `apt install docker.io` (noble-up
 one GitHub's ubuntu-24.04 runners move to. Its .debs are unpacked (never installed) into the
 builder's cache, checked against the sha256 pinned below; Ubuntu's runc and libnftables1 need
 glibc 2.38, so Debian 12's run in their place (installed with apt when missing). containerd gets
-its own root, state and sockets; dockerd its own data root, exec root, pid file and socket, with
-no bridge and no iptables (the builder builds with host networking and self-tests with no
-network). `store` picks the image store: "containerd" (Docker 29's default on a fresh data root)
-or "overlay2" (the graph-driver store an upgraded host keeps).
+its own root, state and sockets; dockerd its own data root, exec root, pid file and socket, and
+a bridge of its own with no iptables (the builder builds with host networking and self-tests with
+no network, so nothing reaches the bridge). Not `--bridge none`: with it, dockerd deletes the
+host's `docker0`, the first engine's bridge, as it starts (measured: the first engine's containers
+on the default network then fail with "could not find bridge docker0"). `store` picks the image
+store: "containerd" (Docker 29's default on a fresh data root) or "overlay2" (the graph-driver
+store an upgraded host keeps).
 
 Used by the integration tests, the bench and by hand:
     python -m tests.support.docker29 start containerd   # prints DOCKER_HOST=...
@@ -50,6 +53,9 @@ DEBS = {
 # Debian 12's packages that stand in for Ubuntu's (glibc 2.38): program or library -> package.
 DEBIAN_STAND_INS = {"/usr/sbin/runc": "runc", "/usr/lib/x86_64-linux-gnu/libnftables.so.1": "libnftables1"}
 STORES = ("containerd", "overlay2")
+# Each engine's own bridge: an address from TEST-NET-1 (RFC 5737, never routed), on a bridge no
+# container of the tests uses (builds take the host's network, self-tests none).
+BRIDGES = {"containerd": ("torch29c", "192.0.2.1/29"), "overlay2": ("torch29o", "192.0.2.9/29")}
 
 
 def cache_root() -> Path:
@@ -110,6 +116,10 @@ class Engine:
     @property
     def run_dir(self) -> Path:
         return Path("/run/torch-images-docker29") / self.store
+
+    @property
+    def bridge(self) -> tuple[str, str]:
+        return BRIDGES[self.store]
 
     @property
     def docker_host(self) -> str:
@@ -203,6 +213,7 @@ def start(store: str) -> Engine:
             if engine.containerd_socket.exists():
                 break
             time.sleep(0.5)
+    _ensure_bridge(engine)
     daemon_json = engine.state / "daemon.json"
     daemon_json.write_text(json.dumps({"features": {"containerd-snapshotter": store == "containerd"}}))
     subprocess.Popen(
@@ -214,7 +225,7 @@ def start(store: str) -> Engine:
             "--pidfile", str(engine.run_dir / "docker.pid"),
             "-H", engine.docker_host,
             "--containerd", str(engine.containerd_socket),
-            "--bridge", "none", "--iptables=false", "--ip6tables=false", "--ip-forward=false",
+            "--bridge", engine.bridge[0], "--iptables=false", "--ip6tables=false", "--ip-forward=false",
         ],
         stdout=log,
         stderr=log,
@@ -226,6 +237,13 @@ def start(store: str) -> Engine:
             return engine
         time.sleep(1)
     raise RuntimeError(f"Docker 29 ({store}) did not answer within 90 s; see {engine.state / 'engine.log'}")
+
+
+def _ensure_bridge(engine: Engine) -> None:
+    name, address = engine.bridge
+    if subprocess.run(["ip", "link", "show", name], capture_output=True, check=False).returncode != 0:
+        subprocess.run(["ip", "link", "add", name, "type", "bridge"], check=True)
+        subprocess.run(["ip", "addr", "add", address, "dev", name], check=True)
 
 
 def stop(store: str) -> None:
@@ -250,6 +268,7 @@ def stop(store: str) -> None:
         point = line.split()[1]
         if point.startswith(str(engine.run_dir)) or point.startswith(str(engine.state)):
             subprocess.run(["umount", "-l", point], check=False, capture_output=True)
+    subprocess.run(["ip", "link", "delete", engine.bridge[0]], check=False, capture_output=True)
 
 
 def remove(store: str) -> None:
