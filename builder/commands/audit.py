@@ -37,7 +37,7 @@ def add(register: Register) -> None:
 def run(args: argparse.Namespace) -> int:
     grid = grid_of(args)
     cells = grid.select(args.cells) if args.cells else grid.cells
-    advisories = audit.read_osv(args.osv) if args.osv else []
+    advisories = audit.read_osv(args.osv, _warn) if args.osv else []
     findings = audit.findings_of(cells, advisories)
     _print(findings, args.json, len(cells), bool(args.osv))
     failing = [f for f in findings if audit.rank(f.severity) >= audit.rank(args.fail_on)]
@@ -57,3 +57,7 @@ def _print(findings: list[audit.Finding], as_json: bool, cells: int, python: boo
         Console(file=sys.stdout, width=200).print(table)
     scope = "Debian packages" + (" and Python packages (OSV)" if python else "; no --osv: Python packages not checked")
     console.print(f"{len(findings)} findings in {cells} cells ({scope})")
+
+
+def _warn(line: str) -> None:
+    print(f"warning: {line}", file=sys.stderr)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from builder.commands import compat, lock, render
@@ -60,10 +61,14 @@ def security_fixes(args: argparse.Namespace) -> int:
     """Move exactly the packages with a security fix, cell by cell, then render those cells."""
     grid = grid_of(args)
     cells = grid.select(args.cells) if args.cells else grid.cells
-    advisories = audit.read_osv(args.osv) if args.osv else []
+    advisories = audit.read_osv(args.osv, _warn) if args.osv else []
     changed = audit.apply_fixes(grid, cells, advisories, console.print)
     if not changed:
         console.print(f"no security fixes to move in {len(cells)} cells")
         return 0
     console.print(f"{len(changed)} cells moved; rendering them (their build IDs change, no other cell's does)")
     return render.rendered(grid_of(args))
+
+
+def _warn(line: str) -> None:
+    print(f"warning: {line}", file=sys.stderr)

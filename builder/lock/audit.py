@@ -102,17 +102,37 @@ def debian_findings(cell: Cell, lock: DebianLock, security: aptindex.Index) -> l
 
 
 @dataclass(frozen=True)
+class Range:
+    """One affected range of an advisory: from `introduced` ("" for the first release) up to
+    `fixed` (excluded), or up to `last_affected` (included), or open when neither is known."""
+
+    introduced: str = ""
+    fixed: str = ""
+    last_affected: str = ""
+
+    def holds(self, version: PythonVersion) -> bool:
+        if self.introduced and version < PythonVersion(self.introduced):
+            return False
+        if self.fixed:
+            return version < PythonVersion(self.fixed)
+        if self.last_affected:
+            return version <= PythonVersion(self.last_affected)
+        return True
+
+
+@dataclass(frozen=True)
 class Advisory:
     id: str
     package: str  # canonical name
     severity: str
-    ranges: tuple[tuple[str, str], ...]  # (introduced, fixed), "" where open
+    ranges: tuple[Range, ...]
     versions: frozenset[str]
 
 
-def read_osv(folder: Path) -> list[Advisory]:
+def read_osv(folder: Path, warn: Callable[[str], None] = lambda _: None) -> list[Advisory]:
     """Every PyPI advisory in an OSV export (one JSON record per file, as osv.dev's downloads
-    give them); a file that is not an OSV record is one line naming it."""
+    give them). A file that is not an OSV record is one line to `warn`, naming it, and the rest
+    still count; withdrawn records are left out."""
     if not folder.is_dir():
         raise UserError(f"--osv {folder}: not a folder; give a folder of OSV records (*.json)")
     files = sorted(folder.rglob("*.json"))
@@ -124,31 +144,54 @@ def read_osv(folder: Path) -> list[Advisory]:
         try:
             record = json.loads(data) if len(data) <= MAX_OSV_BYTES else None
             advisories += list(_advisories(record))
-        except (ValueError, TypeError, KeyError, AttributeError):
-            raise UserError("is not an OSV record (id, affected[].package, ranges); remove it", path) from None
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+            warn(f"{path}: not an OSV record (id, affected[].package, ranges); left out, the others still count")
     return advisories
+
+
+def _parsed(version: str) -> bool:
+    try:
+        PythonVersion(version)
+        return True
+    except InvalidVersion:
+        return False
+
+
+def _ranges(entry: dict[str, Any]) -> Iterable[Range]:
+    """The ranges of one OSV `ranges` entry, in event order; a range with a bound that is not a
+    PEP 440 version is left out (it cannot be compared), the others stay."""
+    introduced: str | None = None
+    for event in entry.get("events", []):
+        if "introduced" in event:
+            introduced = "" if str(event["introduced"]) == "0" else str(event["introduced"])
+            continue
+        if introduced is None:
+            continue
+        if "fixed" in event:
+            found = Range(introduced, fixed=str(event["fixed"]))
+        elif "last_affected" in event:
+            found = Range(introduced, last_affected=str(event["last_affected"]))
+        elif "limit" in event:  # affected below the limit, no fix named
+            found = Range(introduced, last_affected="")
+        else:
+            continue
+        introduced = None
+        if all(_parsed(bound) for bound in (found.introduced, found.fixed, found.last_affected) if bound):
+            yield found
+    if introduced is not None and (not introduced or _parsed(introduced)):
+        yield Range(introduced)
 
 
 def _advisories(record: Any) -> Iterable[Advisory]:
     ident = str(record["id"])
+    if record.get("withdrawn"):
+        return
     severity = _severity(record)
     for affected in record.get("affected", []):
         package = affected["package"]
         if str(package.get("ecosystem")) != "PyPI":
             continue
-        ranges = []
-        for entry in affected.get("ranges", []):
-            if entry.get("type") != "ECOSYSTEM":
-                continue
-            introduced = ""
-            for event in entry.get("events", []):
-                if "introduced" in event:
-                    introduced = "" if event["introduced"] == "0" else str(event["introduced"])
-                elif "fixed" in event:
-                    ranges.append((introduced, str(event["fixed"])))
-                    introduced = None  # type: ignore[assignment]
-            if introduced is not None:
-                ranges.append((introduced, ""))
+        ranges = [r for entry in affected.get("ranges", []) if entry.get("type") == "ECOSYSTEM" for r in _ranges(entry)]
         versions = frozenset(str(v) for v in affected.get("versions", []))
         yield Advisory(ident, canonicalize_name(str(package["name"])), severity, tuple(ranges), versions)
 
@@ -159,17 +202,23 @@ def _severity(record: dict[str, Any]) -> str:
 
 
 def _affects(advisory: Advisory, version: str) -> str | None:
-    """The fixed version ("" if none) when `version` is affected, else None."""
-    if version in advisory.versions:
-        return next((fixed for _, fixed in advisory.ranges if fixed), "")
+    """The fix for `version` ("" if none is known) when it is affected, else None. The fix is the
+    one of the range that holds the version (an advisory often covers several release lines:
+    introduced 0, fixed 2.11.3, introduced 3.0.0, fixed 3.1.7), and never a version at or below
+    the locked one: a fix must move a package up."""
     try:
         parsed = PythonVersion(version)
-        for introduced, fixed in advisory.ranges:
-            if (not introduced or parsed >= PythonVersion(introduced)) and (not fixed or parsed < PythonVersion(fixed)):
-                return fixed
     except InvalidVersion:
         return None
-    return None
+    holding = [r for r in advisory.ranges if r.holds(parsed)]
+    if not holding and version not in advisory.versions:
+        return None
+    fixes = sorted(
+        (PythonVersion(r.fixed), r.fixed)
+        for r in (holding or advisory.ranges)
+        if r.fixed and PythonVersion(r.fixed) > parsed
+    )
+    return fixes[0][1] if fixes else ""
 
 
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\]+)")

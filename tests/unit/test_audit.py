@@ -65,13 +65,52 @@ def test_a_package_torch_pins_exactly_is_reported_as_needing_a_new_torch(tmp_pat
     assert finding.needs == "a new torch" and finding.fixed == "" and finding.severity == "high"
 
 
-def test_an_osv_file_that_is_not_a_record_is_one_line_naming_it(tmp_path: Path) -> None:
+def test_an_osv_file_that_is_not_a_record_is_one_line_naming_it_and_the_rest_still_count(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text('{"affected": "x"}')
-    with pytest.raises(UserError, match="is not an OSV record") as error:
-        audit.read_osv(tmp_path)
-    assert "bad.json" in str(error.value)
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)  # nesting past the parser's depth
+    shutil.copy(OSV / "GHSA-cpwx-vrp4-4pq7.json", tmp_path / "good.json")
+    said: list[str] = []
+    advisories = audit.read_osv(tmp_path, said.append)
+    assert [a.id for a in advisories] == ["GHSA-cpwx-vrp4-4pq7"]
+    assert len(said) == 2 and "bad.json: not an OSV record" in said[0] and "deep.json" in said[1]
     with pytest.raises(UserError, match="not a folder"):
         audit.read_osv(tmp_path / "missing")
+
+
+def _advisory(tmp_path: Path, events: list[dict[str, str]], **extra: object) -> audit.Advisory:
+    record = {"id": "TEST-2", **extra, "affected": [{"package": {"ecosystem": "PyPI", "name": "jinja2"},
+              "ranges": [{"type": "ECOSYSTEM", "events": events}]}]}  # fmt: skip
+    folder = tmp_path / "osv"
+    folder.mkdir(exist_ok=True)
+    (folder / "TEST-2.json").write_text(json.dumps(record))
+    found = audit.read_osv(folder)
+    assert len(found) <= 1
+    return found[0] if found else audit.Advisory("none", "jinja2", "high", (), frozenset())
+
+
+BRANCHES = [{"introduced": "0"}, {"fixed": "2.11.3"}, {"introduced": "3.0.0"}, {"fixed": "3.1.7"}]
+
+
+def test_the_fix_comes_from_the_range_that_holds_the_locked_version_and_never_moves_down(tmp_path: Path) -> None:
+    advisory = _advisory(tmp_path, BRANCHES)
+    assert audit._affects(advisory, "3.1.6") == "3.1.7"  # not 2.11.3: that would move jinja2 down
+    assert audit._affects(advisory, "2.10") == "2.11.3"
+    assert audit._affects(advisory, "2.11.3") is None and audit._affects(advisory, "3.1.7") is None
+    listed = audit.Advisory("L", "jinja2", "high", advisory.ranges, frozenset({"3.1.8"}))
+    assert audit._affects(listed, "3.1.8") == ""  # listed as affected, no fix above it: none known
+
+
+def test_last_affected_closes_its_range_and_a_withdrawn_record_moves_nothing(tmp_path: Path) -> None:
+    closed = _advisory(tmp_path, [{"introduced": "3.0.0"}, {"last_affected": "3.1.4"}])
+    assert audit._affects(closed, "3.1.4") == "" and audit._affects(closed, "3.1.5") is None
+    withdrawn = _advisory(tmp_path, BRANCHES, withdrawn="2026-01-01T00:00:00Z")
+    assert withdrawn.id == "none"
+
+
+def test_one_version_that_is_not_pep_440_leaves_the_other_ranges_counting(tmp_path: Path) -> None:
+    advisory = _advisory(tmp_path, [{"introduced": "0"}, {"fixed": "not-a-version"}, {"introduced": "3.0.0"},
+                                    {"fixed": "3.1.7"}])  # fmt: skip
+    assert audit._affects(advisory, "3.1.6") == "3.1.7"
 
 
 def test_a_locked_debian_package_with_a_newer_security_version_is_a_finding(cell) -> None:  # type: ignore[no-untyped-def]
