@@ -142,7 +142,7 @@ def _build_and_test(
         result = build.build_cell(
             client, grid, locks, house, report, args.no_cache, not args.no_normalize, args.backend, published=published
         )
-        if result.has_image and (args.backend, not args.no_normalize) == recorded.RECORDED_PATH:
+        if result.has_image and not args.no_normalize:
             result.recorded, said = recorded.compare(cell, result.image_id, result.build_id)
             report(f"{cell.name}: {said}")
             if result.recorded is not None:

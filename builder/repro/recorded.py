@@ -24,8 +24,8 @@ from builder.plan.cell import RECORDED_IMAGE_ID_FILE, Cell
 
 IMAGE_ID = RECORDED_IMAGE_ID_FILE
 MAX_RECORD_BYTES = 4096  # two lines of about 80 characters
-# The builder's default path gives the recorded image: the classic builder, then normalization.
-RECORDED_PATH = ("sdk", True)
+# A normalized build gives the recorded image, with either builder (the canonical image's bytes
+# and history do not depend on which one ran the steps); one left as the engine wrote it does not.
 
 
 @dataclass(frozen=True)
