@@ -271,6 +271,7 @@ NORMALIZE_RATIO = 1.25
 def bench_normalization_docker29(grid: matrix.Matrix, cell: Cell) -> Row:
     """The same row on Docker 29 with its default containerd image store, started beside the
     host's engine (tests/support/docker29.py) and stopped after; its base is loaded first, untimed."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests/support
     from tests.support import docker29
 
     results: list[build.BuildResult] = []
