@@ -216,11 +216,6 @@ def _present(engine: docker.DockerClient, reference: str, arch: str) -> bool:
         return False
 
 
-def layer_count(engine: docker.DockerClient, reference: str) -> int:
-    """How many layers an image has: the builder keeps a base's layers as they are."""
-    return len(engine.images.get(reference).attrs["RootFS"]["Layers"])
-
-
 def bootstrap(engine: docker.DockerClient, base: BaseImage, epoch: int, report: Report = print) -> str:
     """Bootstrap the base from the mirror and load it into the engine; returns the image ID."""
     with tempfile.TemporaryDirectory(prefix="torch-images-base-") as scratch:

@@ -505,17 +505,23 @@ def canonical_stream(source: IO[bytes], sink: IO[bytes], lower: LowerTree, epoch
     return write_layer(entries(uncompressed(source), epoch), sink, lower)
 
 
+def rewrite_layer_file(path: Path, target: Path, lower: LowerTree, epoch: int) -> CanonicalLayer:
+    """The layer in `path` (a seekable file, tar or gzip) rewritten into `target` and applied to
+    `lower`: streaming when it is in walk order, else read again and sorted through a spool."""
+    with path.open("rb") as source, target.open("wb") as sink:
+        try:
+            return canonical_stream(source, sink, lower, epoch)
+        except OutOfOrder:  # nothing was applied to `lower` yet
+            source.seek(0)
+            sink.seek(0)
+            sink.truncate()
+            return canonical_layer_sorted(source, sink, lower, epoch, target.parent)
+
+
 def rewrite_file(path: Path, epoch: int) -> CanonicalLayer:
     """A bottom layer's file (a bootstrapped base's root file system) rewritten in place in
     canonical form."""
     target = path.with_name(path.name + ".canonical")
-    with path.open("rb") as source, target.open("wb") as sink:
-        try:
-            result = canonical_stream(source, sink, LowerTree(), epoch)
-        except OutOfOrder:
-            source.seek(0)
-            sink.seek(0)
-            sink.truncate()
-            result = canonical_layer_sorted(source, sink, LowerTree(), epoch, path.parent)
+    result = rewrite_layer_file(path, target, LowerTree(), epoch)
     os.replace(target, path)
     return result

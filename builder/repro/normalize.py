@@ -166,14 +166,7 @@ def _rewrite(saved: list[Path], workdir: Path, epoch: int) -> tuple[list[tuple[s
     dropped = 0
     for index, path in enumerate(saved):
         target = workdir / f"canonical-{index}.tar"
-        with path.open("rb") as source, target.open("wb") as sink:
-            try:
-                result = canonical.canonical_stream(source, sink, lower, epoch)
-            except canonical.OutOfOrder:
-                source.seek(0)
-                sink.seek(0)
-                sink.truncate()
-                result = canonical.canonical_layer_sorted(source, sink, lower, epoch, workdir)
+        result = canonical.rewrite_layer_file(path, target, lower, epoch)
         path.unlink()
         layers.append((result.diff_id, target))
         dropped += result.dropped
