@@ -39,8 +39,11 @@ class SmokeResult:
     def summary(self) -> str:
         checks = self.report.get("checks", [])
         failed = [f"{c['check']}: {c['message']}" for c in checks if c["status"] == "fail"]
+        warned = [c["check"] for c in checks if c["status"] == "warn"]
         passed = sum(1 for c in checks if c["status"] == "pass")
-        return f"{passed}/{len(checks)} checks passed" + (f"; {'; '.join(failed)}" if failed else "")
+        # A warning does not fail the gate, but says something the image's users should know.
+        warnings = f", warnings from {', '.join(warned)} (in the report)" if warned else ""
+        return f"{passed}/{len(checks)} checks passed{warnings}" + (f"; {'; '.join(failed)}" if failed else "")
 
 
 def report_path(image_id: str) -> Path:

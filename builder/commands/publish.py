@@ -15,7 +15,8 @@ from builder.commands.common import (
     use_registry_option,
 )
 from builder.engine import daemon
-from builder.publish import provenance, publish, staging
+from builder.errors import UserError
+from builder.publish import provenance, publish, staging, trust
 
 
 def add(register: Register) -> None:
@@ -58,6 +59,14 @@ def add(register: Register) -> None:
         "if set, else unsigned",
     )
     publish_cmd.add_argument(
+        "--key",
+        type=Path,
+        metavar="FILE",
+        help="with --promote and --gpu-test: the team's public key (PEM); only reports and provenance it signed "
+        "about the staged digest open the gate. Default: the PEM in "
+        f"{trust.KEY_ENVIRONMENT}, else the public half of the signing key, else unsigned reports (said so)",
+    )
+    publish_cmd.add_argument(
         "--compression",
         choices=["gzip", "zstd"],
         help="zstd: also push each image with zstd layers under <tag>-zstd and <alias>-zstd (the same image ID; "
@@ -77,19 +86,22 @@ def run(args: argparse.Namespace) -> int:
         chosen = grid.spec.publish.model_copy(update={"compression": args.compression})
         grid.spec = grid.spec.model_copy(update={"publish": chosen})
     cells, say = cells_of(args, grid), lambda text: console.print(text)
+    if args.key is not None and not (args.promote or args.gpu_test):
+        raise UserError("--key: only --promote and --gpu-test read reports from the registry; drop it here")
     signer = provenance.load_signer(args.sign_key)
+    key = trust.trust_key(args.key, signer)
     if args.stage or args.promote or args.gpu_test:
         staging.check_run(args.run)
         registry = registry_of(grid, args)
         if args.gpu_test:
-            failures = staging.gpu_test(daemon.client(), registry, grid, cells, args.run, say, signer)
+            failures = staging.gpu_test(daemon.client(), registry, grid, cells, args.run, say, signer, key)
             return 0 if all(why is None for why in failures) else 1
         if args.stage:
             items = staging.stage(daemon.client(), registry, grid, cells, args.run, say, signer)
             for item in items:
                 console.print(f"{item.cell.name}: staged {grid.spec.registry}/{grid.spec.repository}:{item.target}")
             return 0
-        items = staging.promote(registry, grid, cells, args.run, say)
+        items = staging.promote(registry, grid, cells, args.run, say, key=key)
     else:
         items = publish.publish(
             daemon.client(),

@@ -51,5 +51,10 @@ def run(args: argparse.Namespace) -> int:
         for problem in image.problems:
             print(f"  PROBLEM: {problem}")
         failed = failed or bool(image.problems)
-    console.print(f"{reference}: {'NOT verified' if failed else 'verified'}")
+    if key is None:
+        how = "unsigned: what is attached was checked, not who attached it (anyone who can push could); --key PUB"
+        how += " also checks the signed attestations"
+    else:
+        how = f"signed: each attestation above was checked against the key {key.keyid[:16]} from {args.key}"
+    console.print(f"{reference}: {'NOT verified' if failed else 'verified'} ({how})", markup=False, soft_wrap=True)
     return 1 if failed else 0

@@ -34,7 +34,7 @@ from securesystemslib import dsse
 from securesystemslib.exceptions import VerificationError
 from securesystemslib.signer import CryptoSigner, SSlibKey
 
-from builder import paths
+from builder import digests, paths
 from builder.errors import UserError
 from builder.plan.cell import Cell
 from builder.publish import reports
@@ -47,6 +47,9 @@ BUILD_TYPE = "https://torch-images.invalid/build/v1"
 PREDICATE_ANNOTATION = "io.torch-images.predicate-type"
 KEY_ENVIRONMENT = "TORCH_IMAGES_SIGNING_KEY"  # a PEM private key, for CI's secret store
 MAX_KEY_BYTES = 64 << 10
+# What a gate reads of one digest's envelopes: a provenance and a report per device that ran it.
+MAX_ENVELOPES = 32
+MAX_ENVELOPE_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -136,20 +139,80 @@ def load_signer(path: Path | None) -> CryptoSigner | None:
             f"{where}: not an unencrypted PEM private key; write an Ed25519 or ECDSA P-256 key "
             "(openssl genpkey -algorithm ed25519 -out signing.pem)"
         ) from None
-    if not isinstance(key, ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey):
-        raise UserError(f"{where}: a {type(key).__name__}; write an Ed25519 or ECDSA P-256 key")
+    _check_key_type(key, where)
     return CryptoSigner(key)
+
+
+def _check_key_type(key: object, where: str) -> None:
+    """Ed25519 and ECDSA on P-256 only: the two that sign what `verify --key` and the gates check
+    (another curve would sign envelopes nothing here could ever accept)."""
+    if isinstance(key, ed25519.Ed25519PrivateKey | ed25519.Ed25519PublicKey):
+        return
+    if isinstance(key, ec.EllipticCurvePrivateKey | ec.EllipticCurvePublicKey) and isinstance(key.curve, ec.SECP256R1):
+        return
+    kind = (
+        f"an ECDSA {key.curve.name} key"
+        if isinstance(key, ec.EllipticCurvePrivateKey | ec.EllipticCurvePublicKey)
+        else (f"a {type(key).__name__.lstrip('_')}")
+    )
+    raise UserError(f"{where}: {kind}; write an Ed25519 or ECDSA P-256 key")
 
 
 def load_public_key(path: Path) -> SSlibKey:
     try:
         data = path.read_bytes()[: MAX_KEY_BYTES + 1]
-        key = serialization.load_pem_public_key(data)
-        return SSlibKey.from_crypto(key)
     except OSError as error:
         raise UserError(f"--key {path}: cannot read it ({error.strerror})") from None
+    return public_key_from_pem(data, f"--key {path}")
+
+
+def public_key_from_pem(data: bytes, where: str) -> SSlibKey:
+    """A public key the gates and `verify` can check signatures with, or one line saying why not."""
+    try:
+        key = serialization.load_pem_public_key(data)
     except (ValueError, TypeError, UnsupportedAlgorithm):
-        raise UserError(f"--key {path}: not a PEM public key (openssl pkey -in signing.pem -pubout)") from None
+        raise UserError(f"{where}: not a PEM public key (openssl pkey -in signing.pem -pubout)") from None
+    _check_key_type(key, where)
+    return SSlibKey.from_crypto(key)
+
+
+def is_about(statement: dict[str, Any], digest: str, image_id: str) -> bool:
+    """Whether a statement's one subject is exactly this manifest digest carrying this image ID."""
+    subjects = statement.get("subject")
+    if not isinstance(subjects, list) or len(subjects) != 1 or not isinstance(subjects[0], dict):
+        return False
+    named = subjects[0].get("digest")
+    annotations = subjects[0].get("annotations")
+    return (
+        isinstance(named, dict)
+        and f"sha256:{named.get('sha256')}" == digest
+        and isinstance(annotations, dict)
+        and annotations.get("imageId") == image_id
+    )
+
+
+def provenance_problem(predicate: dict[str, Any], build_id: str, cell: Cell | None) -> str | None:
+    """None when a signed SLSA provenance names this build ID and, where the cell is in this
+    checkout, exactly the locks it commits; else why not, in one line."""
+    definition = predicate.get("buildDefinition")
+    definition = definition if isinstance(definition, dict) else {}
+    internal = definition.get("internalParameters")
+    named_build = internal.get("buildId") if isinstance(internal, dict) else None
+    if named_build != build_id:
+        return f"signed provenance names build ID {str(named_build)[:12]}, the image's label {build_id[:12]}"
+    if cell is None:
+        return None
+    committed = {name: path for name, path in build_inputs(cell).items() if name.endswith(".lock")}
+    dependencies = definition.get("resolvedDependencies")
+    named = {
+        str(d.get("name")): f"sha256:{(d.get('digest') or {}).get('sha256')}"
+        for d in (dependencies if isinstance(dependencies, list) else []) if isinstance(d, dict)
+        and isinstance(d.get("digest"), dict)
+    }  # fmt: skip
+    differ = [name for name, path in committed.items() if named.get(name) != f"sha256:{digests.sha256_file(path)}"]
+    if differ:
+        return f"signed provenance's locks differ from this checkout's: {', '.join(differ)}"
+    return None
 
 
 def sign(statement: dict[str, Any], signer: CryptoSigner) -> bytes:

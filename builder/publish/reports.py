@@ -50,12 +50,22 @@ def gate(reports: list[Any], image_id: str, gpu_gate: str) -> Gated | str:
     if not passing:
         reasons = sorted({smoke.why_not_a_pass(r, image_id) or "" for r in reports}) or ["none attached"]
         return f"no passing self-test report for image {image_id[7:19]} ({'; '.join(reasons)})"
+    failed_on_gpu = [
+        r for r in reports
+        if isinstance(r, dict) and r.get("image_id") == image_id and smoke.report_kind(r) == "gpu"
+        and smoke.why_not_a_gpu_pass(r, image_id) is not None
+    ]  # fmt: skip
+    # A pass on another device never outvotes a failure; and an optional gate lets an untested
+    # image go, never a failed one.
+    if failed_on_gpu and gpu_gate != "none":
+        devices = sorted({str(r.get("device"))[:60] for r in failed_on_gpu})
+        reasons = sorted({smoke.why_not_a_gpu_pass(r, image_id) or "" for r in failed_on_gpu})
+        return (
+            f"its GPU self-test failed on {', '.join(devices)} ({'; '.join(reasons)}); a pass elsewhere does not "
+            "outvote it: fix the image, or, if that device was at fault, delete that report from the registry"
+        )
     on_gpu = [r for r in passing if smoke.why_not_a_gpu_pass(r, image_id) is None]
     build_report = next((r for r in passing if smoke.report_kind(r) == "cpu"), passing[0])
-    ran_on_gpu = [r for r in reports if isinstance(r, dict) and smoke.report_kind(r) == "gpu"]
-    if gpu_gate == "optional" and ran_on_gpu and not on_gpu:  # optional means untested may go, not failed
-        reasons = sorted({smoke.why_not_a_gpu_pass(r, image_id) or "" for r in ran_on_gpu})
-        return f"its GPU self-test did not pass ({'; '.join(reasons)}); an optional gate still refuses a failure"
     if gpu_gate == "required" and not on_gpu:
         reasons = sorted({smoke.why_not_a_gpu_pass(r, image_id) or "" for r in reports})
         return (

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import docker
-from securesystemslib.signer import CryptoSigner
+from securesystemslib.signer import CryptoSigner, SSlibKey
 
 from builder.assemble import build, smoke
 from builder.assemble.build import BUILD_ID_LABEL
@@ -29,7 +29,7 @@ from builder.engine import ids
 from builder.errors import UserError
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
-from builder.publish import existing, multiarch, provenance, publish, reports
+from builder.publish import existing, multiarch, provenance, publish, reports, trust
 from builder.publish.publication import Publication, tag_suffix
 from builder.publish.publish import ARTIFACT_TYPES
 from builder.publish.registry import IMAGE_TYPES, Registry
@@ -122,6 +122,7 @@ def gpu_test(
     run: str,
     report: Report,
     signer: CryptoSigner | None = None,
+    key: SSlibKey | None = None,
 ) -> list[str | None]:
     """CI's GPU stage, on a runner with GPUs: pull each CUDA cell's staged image by digest, run
     its self-test with every GPU (host checks included), and attach the report to that digest
@@ -143,6 +144,12 @@ def gpu_test(
         if manifest is None or manifest.media_type not in IMAGE_TYPES:
             raise UserError(f"{cell.name}: {tag} is not one image in {grid.spec.registry}; stage it first")
         image_id = json.loads(manifest.body)["config"]["digest"]
+        if key is not None:  # a GPU report signed for an image someone swapped in would vouch for it
+            build_id = existing.published_build_id(registry, repository, tag) or ""
+            evidence = trust.signed_evidence(registry, repository, manifest, image_id, build_id, cell, key)
+            if evidence.provenance_problem is not None:
+                raise UserError(f"{cell.name}: {tag} ({manifest.digest[:19]}): {evidence.provenance_problem}; "
+                                "not tested, nothing attached")  # fmt: skip
         reference = f"{grid.spec.registry}/{repository}@{manifest.digest}"
         report(f"{cell.name}: pulling {reference}")
         found = registry.credentials
@@ -195,15 +202,18 @@ def attach_gpu_report(
     return attached
 
 
-def gate_in_registry(registry: Registry, grid: Matrix, cells: list[Cell], run: str) -> list[Publication]:
+def gate_in_registry(
+    registry: Registry, grid: Matrix, cells: list[Cell], run: str, key: SSlibKey | None = None
+) -> list[Publication]:
     """Every cell staged in this run, with a passing self-test of exactly that image and an SBOM
-    attached to its digest; refuses them all, naming each one, otherwise."""
+    attached to its digest; refuses them all, naming each one, otherwise. With `key`, the
+    reports are those the key signed about that digest, and the signed provenance must hold."""
     check_run(run)
     multiarch.check_complete(grid, cells, "promote")
     ready, refused = [], []
     for cell in cells:
         for compression in publish.compressions(grid):
-            found = _staged(registry, grid, cell, run, compression)
+            found = _staged(registry, grid, cell, run, compression, key)
             if isinstance(found, str):
                 refused.append(f"{cell.name}: {found}")
             else:
@@ -213,7 +223,9 @@ def gate_in_registry(registry: Registry, grid: Matrix, cells: list[Cell], run: s
     return ready
 
 
-def _staged(registry: Registry, grid: Matrix, cell: Cell, run: str, compression: str) -> Publication | str:
+def _staged(
+    registry: Registry, grid: Matrix, cell: Cell, run: str, compression: str, key: SSlibKey | None = None
+) -> Publication | str:
     repository, tag = grid.spec.repository, staging_tag(grid, cell, run, compression)
     manifest = registry.manifest(repository, tag)
     if manifest is None:
@@ -226,10 +238,17 @@ def _staged(registry: Registry, grid: Matrix, cell: Cell, run: str, compression:
         return f"no SBOM attached to {manifest.digest[:19]}"
     if ARTIFACT_TYPES["selftest"] not in attached:
         return f"no self-test report attached to {manifest.digest[:19]}"
-    gated = reports.gate(reports.attached(registry, repository, manifest.digest), image_id, cell.gpu_gate)
-    if isinstance(gated, str):
-        return gated
     build_id = existing.published_build_id(registry, repository, tag) or ""
+    if key is None:
+        found_reports = reports.attached(registry, repository, manifest.digest)
+    else:
+        evidence = trust.signed_evidence(registry, repository, manifest, image_id, build_id, cell, key)
+        if evidence.provenance_problem is not None:
+            return f"{evidence.provenance_problem} on {manifest.digest[:19]}"
+        found_reports = evidence.reports
+    gated = reports.gate(found_reports, image_id, cell.gpu_gate)
+    if isinstance(gated, str):
+        return gated if key is None else f"{gated} (signed reports only)"
     return Publication(
         cell, image_id, gated.report, build_id=build_id, digest=manifest.digest,
         image_tag=multiarch.image_tag(grid, cell, compression), gpu_report=gated.gpu_report, compression=compression,
@@ -244,8 +263,14 @@ def promote(
     report: Report,
     records_dir: Path | None = None,
     readme: Path | None = None,
+    key: SSlibKey | None = None,
 ) -> list[Publication]:
-    items = gate_in_registry(registry, grid, cells, run)
+    if key is None:
+        report(
+            "promote reads the reports as attached, unsigned: anyone who can push could have attached them; "
+            f"give the team's public key (--key, or {trust.KEY_ENVIRONMENT}) to trust only what it signed"
+        )
+    items = gate_in_registry(registry, grid, cells, run, key)
     repository = grid.spec.repository
     for item in items:
         current = registry.manifest(repository, item.target)

@@ -398,8 +398,10 @@ def test_reports_sit_side_by_side_a_cpu_report_cannot_pass_a_gpu_gate_and_verify
     monkeypatch.chdir(tmp_path)
     reference = f"{running.host}/torch:{built.cell.tag}"
     assert cli.main(["--matrix", str(grid.path), "verify", reference]) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert f"-> {promoted.digest}" in out and "SBOM: attached" in out
+    assert "verified (unsigned: what is attached was checked, not who attached it" in captured.err
     assert out.count("cpu report on cpu: pass") == 2 and "PROBLEM" not in out
 
     # A report of another image attached to this digest, and an artifact of another digest
@@ -475,10 +477,12 @@ def test_a_signed_publish_verifies_with_its_key_and_every_tampering_fails_in_one
 
     def verify_with(key: Path) -> tuple[int, str]:
         code = cli.main(["--matrix", matrix_file, "verify", reference, "--key", str(key)])
-        return code, capsys.readouterr().out
+        captured = capsys.readouterr()
+        return code, captured.out + captured.err
 
     code, out = verify_with(public)
     assert code == 0, out
+    assert "verified (signed: each attestation above was checked against the key" in out and str(public) in out
     assert "signed provenance: 2 locks match this checkout" in out and "signed cpu self-test on cpu: pass" in out
     code, out = verify_with(stranger)
     assert code == 1 and out.count("its signature does not verify with the given key") == 2
@@ -516,3 +520,70 @@ def test_a_signed_publish_verifies_with_its_key_and_every_tampering_fails_in_one
     )  # fmt: skip
     code, out = verify_with(public)
     assert code == 1 and f"locks differ from this checkout's: images/{built.cell.name}/requirements.lock" in out
+
+
+def _made_up_gpu_pass(report: dict[str, object]) -> dict[str, object]:
+    """What an attacker with push rights attaches: the real CPU report of the image dressed as a
+    pass on a GPU nobody ran it on (every GPU check pass, the speed gates said to have held)."""
+    forged = json.loads(json.dumps(report))
+    forged["device"] = "NVIDIA H200"
+    forged["accelerator"] = {"kind": "cuda", "name": "NVIDIA H200", "count": 1, "capability": "9.0",
+                             "driver": "570.124.06", "driver_cuda": "12.8", "peaks": "H200", "gated": True}  # fmt: skip
+    for check in forged["checks"]:  # type: ignore[union-attr]
+        check["status"] = "skip" if check["check"] == "tensorrt-llm" else "pass"
+        if check["check"] == "throughput":
+            check["metrics"] = {"matmul_bfloat16_tflops": 700.0, "matmul_bf16_fraction_of_peak": 0.71}
+    return forged
+
+
+def test_with_the_teams_key_promote_trusts_only_what_it_signed(
+    built: BuiltCell,
+    smoke_result: smoke.SmokeResult,
+    start_registry,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    """The red team's two worst cases (issue 35), on a real registry: a made-up GPU pass, and a
+    staged image swapped for another. Neither is signed by the team's key, so neither opens the
+    gate; what the key signed still does."""
+    private, public = _key_files(tmp_path / "team")
+    stranger_private, _ = _key_files(tmp_path / "stranger")
+    signer, key = provenance.load_signer(private), provenance.load_public_key(public)
+    assert signer is not None
+    running = start_registry()
+    grid, api, say, records, readme = _ci_setting(built, running, tmp_path, monkeypatch)
+    [staged] = staging.stage(built.client, api, grid, [built.cell], "k1", say, signer)
+    tag = staging.staging_tag(built.grid, built.cell, "k1")
+    subject = api.manifest("torch", tag)
+    assert subject is not None
+
+    # A made-up GPU pass, attached unsigned and signed by a stranger's key: a cell whose tags
+    # wait for a GPU stays where it is. (Without a key the gate reads it as attached: that is
+    # why promote says so when it runs without one.)
+    forged = _made_up_gpu_pass(smoke_result.report)
+    assert smoke.why_not_a_gpu_pass(forged, staged.image_id) is None  # it would pass an unsigned gate
+    reports.attach(api, "torch", subject, tag, forged, staged.build_id, built.cell.tag)
+    stranger = provenance.load_signer(stranger_private)
+    assert stranger is not None
+    about = provenance.Subject(f"{running.host}/torch", subject.digest, staged.image_id, staged.build_id)
+    provenance.attach_report(api, "torch", subject, tag, about, forged, stranger)
+    gated = replace(built.cell, gpu_gate="required")
+    with pytest.raises(UserError, match=r"no passing GPU self-test .*\(signed reports only\)"):
+        staging.promote(api, grid, [gated], "k1", say, records, readme, key=key)
+    assert api.manifest("torch", built.cell.tag) is None
+
+    # The staging tag re-pointed at another image with an SBOM and a passing report of its own,
+    # nothing signed: refused for want of a signed provenance about that digest.
+    swapped = Manifest.of(
+        json.dumps({**json.loads(subject.body), "annotations": {"swapped": "in"}}).encode(), subject.media_type
+    )
+    api.put_manifest("torch", staging.staging_tag(built.grid, built.cell, "k2"), swapped)
+    reports.attach(api, "torch", swapped, "k2", smoke_result.report, staged.build_id, built.cell.tag)
+    api.push_artifact("torch", "k2.sbom", b"{}", publish.ARTIFACT_TYPES["sbom"], {}, swapped)
+    with pytest.raises(UserError, match=r"no signed provenance from the trusted key on sha256:"):
+        staging.promote(api, grid, [built.cell], "k2", say, records, readme, key=key)
+    assert api.manifest("torch", built.cell.tag) is None
+
+    # What the team's key signed about the staged digest opens the gate, and the record keeps it.
+    [promoted] = staging.promote(api, grid, [built.cell], "k1", say, records, readme, key=key)
+    assert api.manifest("torch", built.cell.tag).digest == staged.digest == promoted.digest  # type: ignore[union-attr]

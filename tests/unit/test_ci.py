@@ -95,7 +95,10 @@ def test_each_cuda_cell_has_a_gpu_job_on_its_architectures_runner_and_promote_wa
     assert entries["2.15.0-cu13.2-bookworm-runtime-arm64"]["runner"] == ["self-hosted", "linux", "arm64", "gpu"]
     assert gpu["needs"] == "cell" and gpu["runs-on"] == "${{ matrix.runner }}"
     assert gpu["steps"][-1]["run"].endswith("--gpu-test --run ${{ github.run_id }} ${{ matrix.cell }}")
-    assert gpu["steps"][-1]["env"] == {"TORCH_IMAGES_SIGNING_KEY": "${{ secrets.TORCH_IMAGES_SIGNING_KEY }}"}
+    assert gpu["steps"][-1]["env"] == {
+        "TORCH_IMAGES_SIGNING_KEY": "${{ secrets.TORCH_IMAGES_SIGNING_KEY }}",
+        "TORCH_IMAGES_VERIFY_KEY": "${{ vars.TORCH_IMAGES_VERIFY_KEY }}",
+    }
     assert github["jobs"]["promote"]["needs"] == ["cell", "gpu"]
     gitlab = yaml.safe_load(ci.workflow(grid, "gitlab"))
     job = gitlab["gpu 2.15.0-cu13.2-bookworm-runtime-arm64"]
@@ -174,3 +177,22 @@ def test_the_daily_security_job_audits_moves_only_fixes_and_proposes_the_change(
     assert '[ "$status" -le 1 ]' in runs[audit]  # findings do not stop the job; a failed audit does
     assert "git diff --quiet -- images" in runs[propose]  # nothing proposed when no lock moved
     assert ("gh pr create" if system == "github" else "merge_request.create") in runs[propose]
+
+
+def test_the_jobs_that_sign_or_move_tags_are_kept_to_the_default_or_protected_branches(grid) -> None:  # type: ignore[no-untyped-def]
+    """Issue 35: the signing key reaches only runs of the branch that may publish, and promote
+    is told which key to trust."""
+    github = yaml.safe_load(ci.workflow(grid, "github"))
+    for name in ("cell", "gpu", "promote"):
+        assert github["jobs"][name]["environment"] == "torch-images-release", name
+    promote = next(s for s in github["jobs"]["promote"]["steps"] if "--promote" in s.get("run", ""))
+    assert promote["env"] == {"TORCH_IMAGES_VERIFY_KEY": "${{ vars.TORCH_IMAGES_VERIFY_KEY }}"}
+    gitlab = yaml.safe_load(ci.workflow(grid, "gitlab"))
+    protected = [{"if": '$CI_PIPELINE_SOURCE == "schedule"', "when": "never"},
+                 {"if": '$CI_COMMIT_REF_PROTECTED == "true"', "when": "on_success"}, {"when": "never"}]  # fmt: skip
+    assert gitlab["promote"]["rules"] == protected
+    assert all(gitlab[job]["rules"] == protected for job in gitlab if job.startswith("gpu "))
+    stage = gitlab["cell"]["script"][-1]
+    assert stage.startswith('if [ "$CI_COMMIT_REF_PROTECTED" = "true" ]; then') and "--stage" in stage
+    text = ci.workflow(grid, "gitlab")
+    assert "masked and *protected* CI/CD" in text

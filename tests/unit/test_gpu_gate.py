@@ -125,7 +125,7 @@ def test_an_optional_gate_lets_an_untested_image_go_and_says_so_but_refuses_a_fa
     next(c for c in failed["checks"] if c["check"] == "throughput").update(status="fail")
     failed.update(status="fail", failed=["throughput"])
     refused = reports.gate([cpu_report(), failed], IMAGE_ID, "optional")
-    assert isinstance(refused, str) and "an optional gate still refuses a failure" in refused
+    assert isinstance(refused, str) and "its GPU self-test failed on NVIDIA H200" in refused
 
 
 def test_a_cpu_image_has_no_gpu_column_and_gpu_reports_get_a_tag_per_model() -> None:
@@ -175,3 +175,16 @@ def test_verify_reads_registry_repository_tag_and_digest() -> None:
     )
     pinned = verify.parse_reference("ghcr.io/acme/torch@sha256:" + "a" * 64)
     assert pinned.reference == "sha256:" + "a" * 64 and pinned.tag is None
+
+
+@pytest.mark.parametrize("gpu_gate", ["required", "optional"])
+def test_a_failed_gpu_report_is_never_outvoted_by_a_pass_on_another_device(gpu_gate: str) -> None:
+    failed = gpu_report(device="NVIDIA A100-SXM4-80GB")
+    next(c for c in failed["checks"] if c["check"] == "sdpa").update(status="fail", message="cudnn differs")
+    failed.update(status="fail", failed=["sdpa"])
+    why = reports.gate([cpu_report(), gpu_report(), failed], IMAGE_ID, gpu_gate)
+    assert isinstance(why, str) and "failed on NVIDIA A100-SXM4-80GB" in why and "does not outvote" in why
+    # A failure of another image (a stale report) does not hold this one back.
+    stale = copy.deepcopy(failed)
+    stale["image_id"] = OTHER_IMAGE
+    assert isinstance(reports.gate([cpu_report(), gpu_report(), stale], IMAGE_ID, gpu_gate), reports.Gated)

@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from in_toto_attestation.v1.statement import Statement
 from securesystemslib import dsse
 from securesystemslib.signer import CryptoSigner
 
 from builder.errors import UserError
 from builder.plan.matrix import load_matrix
-from builder.publish import provenance
+from builder.publish import provenance, trust
 
 REPO = Path(__file__).resolve().parents[2]
 CELL = "2.13.0-cpu-bookworm-runtime"
@@ -142,3 +142,42 @@ def test_keys_are_read_from_a_file_or_the_environment_and_a_bad_one_is_one_line(
     (tmp_path / "rsa.pem").write_bytes(rsa_pem)
     with pytest.raises(UserError, match="RSAPrivateKey; write an Ed25519 or ECDSA P-256 key"):
         provenance.load_signer(tmp_path / "rsa.pem")
+
+
+@pytest.mark.parametrize(
+    ("curve", "name"), [(ec.SECP256K1(), "secp256k1"), (ec.SECP384R1(), "secp384r1")]
+)  # fmt: skip
+def test_a_key_on_another_curve_is_refused_in_one_line_private_or_public(
+    tmp_path: Path, curve: ec.EllipticCurve, name: str
+) -> None:
+    """Issue 35: secp256k1 gave a traceback, and P-384 signed what `verify --key` never accepts."""
+    key = ec.generate_private_key(curve)
+    (tmp_path / "k.pem").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    (tmp_path / "k.pub").write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    with pytest.raises(UserError, match=rf"k.pem: an ECDSA {name} key; write an Ed25519 or ECDSA P-256 key"):
+        provenance.load_signer(tmp_path / "k.pem")
+    with pytest.raises(UserError, match=rf"k.pub: an ECDSA {name} key; write an Ed25519 or ECDSA P-256 key"):
+        provenance.load_public_key(tmp_path / "k.pub")
+
+
+def test_the_gates_trust_the_key_given_else_the_ci_variable_else_the_signers_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    team_key, other_key = ed25519.Ed25519PrivateKey.generate(), ed25519.Ed25519PrivateKey.generate()
+    team, other = CryptoSigner(team_key), CryptoSigner(other_key)
+    public = serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    team_pub, other_pub = team_key.public_key().public_bytes(*public), other_key.public_key().public_bytes(*public)
+    (tmp_path / "team.pub").write_bytes(team_pub)
+    monkeypatch.delenv(trust.KEY_ENVIRONMENT, raising=False)
+    assert trust.trust_key(None, None) is None
+    assert trust.trust_key(None, team).keyid == team.public_key.keyid  # type: ignore[union-attr]
+    monkeypatch.setenv(trust.KEY_ENVIRONMENT, other_pub.decode())
+    assert trust.trust_key(None, team).keyid == other.public_key.keyid  # type: ignore[union-attr]
+    assert trust.trust_key(tmp_path / "team.pub", other).keyid == team.public_key.keyid  # type: ignore[union-attr]
+    monkeypatch.setenv(trust.KEY_ENVIRONMENT, "not a key")
+    with pytest.raises(UserError, match=r"^TORCH_IMAGES_VERIFY_KEY: not a PEM public key"):
+        trust.trust_key(None, None)

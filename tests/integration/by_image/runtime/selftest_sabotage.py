@@ -52,6 +52,16 @@ def _wrong_compile(fn: Callable[..., torch.Tensor], **_: Any) -> Callable[..., t
     return lambda *args: fn(*args) + 1e-2
 
 
+def _wrong_when_eager(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """fn, off by 1e-3 in float32 when run eagerly; traced by torch.compile, it is right."""
+
+    def wrong(x: torch.Tensor) -> torch.Tensor:
+        out = fn(x)
+        return out if torch.compiler.is_compiling() or x.dtype != torch.float32 else out + 1e-3
+
+    return wrong
+
+
 def _dtypes_check(ctx: selftest.Context) -> dict[str, Any]:
     return {"dtypes": selftest._compile_dtypes(ctx)}
 
@@ -94,6 +104,18 @@ CASES: list[tuple[str, str, Callable[[selftest.Context], Any], list[Any]]] = [
         ],
     ),
     (
+        "cpu: torch's oneMKL has the VML first-call race",
+        "cpu",
+        selftest.check_cpu,
+        [mock.patch.object(selftest, "mkl_version", lambda: "2024.2")],
+    ),
+    (
+        "cpu: torch's oneMKL is a release without the race",
+        "cpu",
+        selftest.check_cpu,
+        [mock.patch.object(selftest, "mkl_version", lambda: "2025.2")],
+    ),
+    (
         "conv2d: fp32 off by 1e-2",
         "conv2d",
         selftest.check_conv2d,
@@ -120,6 +142,12 @@ CASES: list[tuple[str, str, Callable[[selftest.Context], Any], list[Any]]] = [
         "compile-dtypes",
         _dtypes_check,
         [mock.patch.object(torch, "compile", _wrong_compile)],
+    ),
+    (
+        "torch.compile: eager is off, compiled is right",
+        "compile-dtypes",
+        _dtypes_check,
+        [mock.patch.object(selftest, "_sin_cos", _wrong_when_eager(selftest._sin_cos))],
     ),
     (
         "libraries: the nvidia wheels are not what torch loads",

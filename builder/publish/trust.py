@@ -1,0 +1,86 @@
+"""What a gate may believe when the team's key is in play: only statements that key signed.
+
+Anyone who can push to the registry can attach a report (a made-up GPU pass, a staged image
+swapped for another); nobody without the private key can sign one. So with a key, promote and
+the GPU stage read a staged image's evidence from the DSSE envelopes on its digest alone: each
+must verify with the key, name exactly that manifest digest and image ID as its subject, and the
+signed provenance must name the image's build ID and this checkout's locks. Unsigned reports
+and envelopes from other keys are ignored, not counted.
+
+The key: `--key FILE` (a PEM public key), else TORCH_IMAGES_VERIFY_KEY (the PEM text, a CI
+variable), else the public half of the signing key when one is set (whoever signs trusts its
+own signatures).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from securesystemslib.signer import CryptoSigner, SSlibKey
+
+from builder.errors import UserError
+from builder.plan.cell import Cell
+from builder.publish import provenance
+from builder.publish.registry import Manifest, Registry
+
+KEY_ENVIRONMENT = "TORCH_IMAGES_VERIFY_KEY"  # a PEM public key, for CI's variables
+
+
+def trust_key(path: Path | None, signer: CryptoSigner | None) -> SSlibKey | None:
+    """The key the gates trust: --key, else TORCH_IMAGES_VERIFY_KEY, else the signer's own
+    public key; None when none of them is set (the gates then read unsigned reports, and say so)."""
+    if path is not None:
+        return provenance.load_public_key(path)
+    text = os.environ.get(KEY_ENVIRONMENT)
+    if text:
+        return provenance.public_key_from_pem(text.encode(), KEY_ENVIRONMENT)
+    if signer is not None:
+        return signer.public_key
+    return None
+
+
+@dataclass
+class Evidence:
+    """The statements `key` signed about one image: its self-test reports, and whether its
+    provenance holds for this checkout (None when it does, else why not)."""
+
+    reports: list[dict[str, Any]] = field(default_factory=list)
+    provenance_problem: str | None = "no signed provenance from the trusted key"
+    ignored: int = 0  # envelopes that did not verify, or were about another image
+
+
+def signed_evidence(
+    registry: Registry,
+    repository: str,
+    manifest: Manifest,
+    image_id: str,
+    build_id: str,
+    cell: Cell | None,
+    key: SSlibKey,
+) -> Evidence:
+    """Read and check every DSSE envelope attached to `manifest`."""
+    evidence = Evidence()
+    for entry in provenance.attested(registry, repository, manifest.digest)[: provenance.MAX_ENVELOPES]:
+        try:
+            document = registry.artifact(repository, str(entry["digest"]), provenance.MAX_ENVELOPE_BYTES)
+            statement = provenance.verify_envelope(document, key)
+        except UserError:
+            evidence.ignored += 1
+            continue
+        if not provenance.is_about(statement, manifest.digest, image_id):
+            evidence.ignored += 1
+            continue
+        predicate = statement.get("predicate")
+        if not isinstance(predicate, dict):
+            evidence.ignored += 1
+            continue
+        if statement.get("predicateType") == provenance.SELFTEST:
+            evidence.reports.append(predicate)
+        elif statement.get("predicateType") == provenance.PROVENANCE:
+            problem = provenance.provenance_problem(predicate, build_id, cell)
+            if evidence.provenance_problem is not None:  # one signed provenance that holds is enough
+                evidence.provenance_problem = problem
+    return evidence
