@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except UserError as error:
-        console.print(f"[red]error:[/red] {error.line()}", highlight=False, soft_wrap=True)
+        console.print(f"error: {error.line()}", style="red", soft_wrap=True)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         console.print("interrupted")

@@ -20,7 +20,7 @@ import docker
 import docker.errors
 from docker.types import DeviceRequest
 
-from builder import paths
+from builder import jsonread, paths
 from builder.engine import emulation, ids
 from builder.errors import UserError
 
@@ -101,9 +101,9 @@ def run(
 def _parse(stdout: str, stderr: str, exit_code: int) -> dict[str, Any]:
     start = stdout.find("{")
     try:
-        parsed: dict[str, Any] = json.loads(stdout[start:]) if start >= 0 else {}
+        parsed: dict[str, Any] = jsonread.loads(stdout[start:], "the self-test's report") if start >= 0 else {}
         return parsed
-    except json.JSONDecodeError:
+    except UserError:
         tail = (stderr or stdout).strip().splitlines()[-1:] or ["no output"]
         return {
             "status": "fail",
@@ -121,8 +121,8 @@ def passing_report(image_id: str) -> dict[str, Any] | None:
     with path.open("rb") as handle:
         data = handle.read(MAX_REPORT_BYTES + 1)
     try:
-        report = json.loads(data) if len(data) <= MAX_REPORT_BYTES else None
-    except (ValueError, UnicodeDecodeError):
+        report = jsonread.loads(data, str(path)) if len(data) <= MAX_REPORT_BYTES else None
+    except UserError:
         report = None  # a damaged cache entry: the image is tested again
     return report if why_not_a_pass(report, image_id) is None else None
 

@@ -7,11 +7,13 @@ import json
 import sys
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from builder.commands.common import Register, console, grid_of
 from builder.lock import audit
+from builder.publish.publish import markdown_text
+from builder.terminal import SafeConsole, printable
 
 
 def add(register: Register) -> None:
@@ -24,7 +26,14 @@ def add(register: Register) -> None:
     )
     audit_cmd.add_argument("cells", nargs="*", help="cells to audit (default: every buildable cell)")
     audit_cmd.add_argument("--osv", type=Path, metavar="DIR", help="a folder of OSV records (osv.dev's PyPI export)")
-    audit_cmd.add_argument("--json", action="store_true", help="print the findings as JSON instead of a table")
+    output = audit_cmd.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="print the findings as JSON instead of a table")
+    output.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print the findings as a Markdown table, every advisory's text escaped (the security job's pull request "
+        "body: an advisory can open no link, mention, image or HTML there)",
+    )
     audit_cmd.add_argument(
         "--fail-on",
         choices=audit.SEVERITIES,
@@ -39,7 +48,10 @@ def run(args: argparse.Namespace) -> int:
     cells = grid.select(args.cells) if args.cells else grid.cells
     advisories = audit.read_osv(args.osv, _warn) if args.osv else []
     findings = audit.findings_of(cells, advisories)
-    _print(findings, args.json, len(cells), bool(args.osv))
+    if args.markdown:
+        print(_markdown(findings, len(cells), bool(args.osv)))
+    else:
+        _print(findings, args.json, len(cells), bool(args.osv))
     failing = [f for f in findings if audit.rank(f.severity) >= audit.rank(args.fail_on)]
     return 1 if failing else 0
 
@@ -50,13 +62,45 @@ def _print(findings: list[audit.Finding], as_json: bool, cells: int, python: boo
         sys.stdout.write("\n")
         return
     table = Table("cell", "package", "locked", "fixed in", "advisory", "severity", "needs")
-    for f in findings:
-        table.add_row(f.cell, f"{f.package} ({f.ecosystem})", f.locked, f.fixed or "-", f.advisory, f.severity,
-                      f.needs or "-")  # fmt: skip
+    for f in findings:  # OSV's and the archive's text: escaped, and never read as markup
+        row = (
+            f.cell,
+            f"{f.package} ({f.ecosystem})",
+            f.locked,
+            f.fixed or "-",
+            f.advisory,
+            f.severity,
+            f.needs or "-",
+        )
+        table.add_row(*(Text(printable(str(value))) for value in row))
     if findings:
-        Console(file=sys.stdout, width=200).print(table)
-    scope = "Debian packages" + (" and Python packages (OSV)" if python else "; no --osv: Python packages not checked")
-    console.print(f"{len(findings)} findings in {cells} cells ({scope})")
+        SafeConsole(file=sys.stdout, width=200).print(table)
+    console.print(f"{len(findings)} findings in {cells} cells ({_scope(python)})")
+
+
+def _scope(python: bool) -> str:
+    return "Debian packages" + (" and Python packages (OSV)" if python else "; no --osv: Python packages not checked")
+
+
+def _markdown(findings: list[audit.Finding], cells: int, python: bool) -> str:
+    lines = [f"{len(findings)} findings in {cells} cells ({_scope(python)})", ""]
+    if findings:
+        lines += [
+            "| cell | package | locked | fixed in | advisory | severity | needs |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for f in findings:
+            row = (
+                f.cell,
+                f"{f.package} ({f.ecosystem})",
+                f.locked,
+                f.fixed or "-",
+                f.advisory,
+                f.severity,
+                f.needs or "-",
+            )
+            lines.append("| " + " | ".join(markdown_text(value) for value in row) + " |")
+    return "\n".join(lines)
 
 
 def _warn(line: str) -> None:

@@ -8,7 +8,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import docker
-from rich.console import Console
 from rich.table import Table
 
 from builder.assemble import build, bundle, size, smoke, wheelhouse
@@ -28,6 +27,7 @@ from builder.lock.inputs import CellLocks
 from builder.plan import matrix
 from builder.publish import existing
 from builder.repro import recorded
+from builder.terminal import SafeConsole
 
 
 def add(register: Register) -> None:
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         table.add_column(column)
     for r in results:
         table.add_row(r.cell, r.reference, r.image_id[7:19], size.human(r.size_bytes), f"{r.seconds:.0f} s", r.status)
-    Console(width=200).print(table)
+    SafeConsole(width=200).print(table)
     # An offline rebuild is a reproduction: an image other than the recorded one fails it.
     differs = args.offline and any(r.recorded is False for r in results)
     return 0 if all(not r.state.failed for r in results) and not differs else 1

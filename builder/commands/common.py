@@ -9,14 +9,13 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from rich.console import Console
-
 from builder.config import grammar
 from builder.plan import matrix
 from builder.plan.cell import Cell
 from builder.publish.registry import Registry
+from builder.terminal import SafeConsole
 
-console = Console(stderr=True)
+console = SafeConsole(stderr=True)
 NEEDS_NOTHING = "Offline; needs no engine."
 
 

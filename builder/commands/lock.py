@@ -70,5 +70,5 @@ def locked(grid: matrix.Matrix, cells: list[Cell], jobs: int, python_only: bool,
             for cell, path in debian.lock_cells(locked, grid.spec.source_date_epoch, daemon.client()):
                 report(f"{cell.name}: {path}")
     for failure in failures:
-        console.print(f"[red]error:[/red] {failure}", highlight=False, soft_wrap=True)
+        console.print(f"error: {failure}", style="red", soft_wrap=True)
     return EXIT_USER_ERROR if failures else 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 
-from rich.console import Console
 from rich.table import Table
 
 from builder.commands.common import (
@@ -16,6 +15,7 @@ from builder.commands.common import (
 )
 from builder.facts import compat
 from builder.plan import offers
+from builder.terminal import SafeConsole
 
 
 def add(register: Register) -> None:
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(*(str(row.get(k) or "") for k in columns))
-    Console(width=200).print(table)
+    SafeConsole(width=200).print(table)
     for line in offers.describe(trtllm) if trtllm else []:
         console.print(line, highlight=False, soft_wrap=True)
     return 0

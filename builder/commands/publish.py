@@ -74,6 +74,13 @@ def add(register: Register) -> None:
         "publish.compression, else gzip",
     )
     publish_cmd.add_argument(
+        "--staged-record",
+        type=Path,
+        metavar="DIR",
+        help="with --stage: write there what was staged (<tag>.json: tag and digest; CI carries it to promote as an "
+        "artifact); with --promote: move only staging tags that still point at what those files name",
+    )
+    publish_cmd.add_argument(
         "--run", default="local", help="with --stage and --promote: the run ID that ties them (CI's run number)"
     )
     publish_cmd.set_defaults(func=run)
@@ -88,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
     cells, say = cells_of(args, grid), lambda text: console.print(text)
     if args.key is not None and not (args.promote or args.gpu_test):
         raise UserError("--key: only --promote and --gpu-test read reports from the registry; drop it here")
+    if args.staged_record is not None and not (args.stage or args.promote):
+        raise UserError("--staged-record: --stage writes it and --promote reads it; drop it here")
     signer = provenance.load_signer(args.sign_key)
     key = trust.trust_key(args.key, signer)
     if args.stage or args.promote or args.gpu_test:
@@ -100,8 +109,10 @@ def run(args: argparse.Namespace) -> int:
             items = staging.stage(daemon.client(), registry, grid, cells, args.run, say, signer)
             for item in items:
                 console.print(f"{item.cell.name}: staged {grid.spec.registry}/{grid.spec.repository}:{item.target}")
+            if args.staged_record is not None:
+                staging.write_staged(args.staged_record, grid, args.run, items)
             return 0
-        items = staging.promote(registry, grid, cells, args.run, say, key=key)
+        items = staging.promote(registry, grid, cells, args.run, say, key=key, staged_record=args.staged_record)
     else:
         items = publish.publish(
             daemon.client(),

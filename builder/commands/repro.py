@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 import docker
-from rich.console import Console
 from rich.table import Table
 
 from builder.assemble import twice, wheelhouse
@@ -21,6 +20,7 @@ from builder.errors import UserError
 from builder.plan import matrix
 from builder.plan.cell import Cell
 from builder.repro import recorded
+from builder.terminal import SafeConsole
 
 
 def add(register: Register) -> None:
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
             table.add_column(column)
         for index, (first, second) in enumerate(verdict.layers):
             table.add_row(str(index), first[7:19], second[7:19], "yes" if first == second else "NO")
-        Console(width=200).print(table)
+        SafeConsole(width=200).print(table)
         console.print(f"image ID: {verdict.first_id[7:19]} and {verdict.second_id[7:19]}")
         for index, paths in verdict.differences.items():
             console.print(f"layer {index} differs in: {', '.join(paths)}")

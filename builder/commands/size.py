@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 import docker
-from rich.console import Console
 from rich.table import Table
 
 from builder.assemble import build, size
@@ -16,6 +15,7 @@ from builder.commands.common import (
 )
 from builder.engine import daemon
 from builder.errors import UserError
+from builder.terminal import SafeConsole
 
 
 def add(register: Register) -> None:
@@ -50,5 +50,5 @@ def run(args: argparse.Namespace) -> int:
     for layer in layers:
         largest = "\n".join(f"{size.human(b):>9}  {name}" for name, b in layer.largest(args.top))
         table.add_row(str(layer.index), size.human(layer.size), layer.step[:60], largest)
-    Console(width=200).print(table)
+    SafeConsole(width=200).print(table)
     return 0

@@ -10,6 +10,7 @@ from builder.errors import UserError
 from builder.plan import matrix
 from builder.publish import provenance, verify
 from builder.publish.registry import Registry
+from builder.terminal import printable
 
 
 def add(register: Register) -> None:
@@ -45,11 +46,12 @@ def run(args: argparse.Namespace) -> int:
     for image in images:
         where = f" [{image.platform}]" if image.platform else ""
         cell = f", cell {image.cell}" if image.cell else ""
-        print(f"{reference}{where} -> {image.digest} (image {image.image_id[7:19]}{cell})")
+        # Report and registry text: control characters and escape sequences shown, never sent.
+        print(printable(f"{reference}{where} -> {image.digest} (image {image.image_id[7:19]}{cell})"))
         for line in image.lines:
-            print(f"  {line}")
+            print(printable(f"  {line}"))
         for problem in image.problems:
-            print(f"  PROBLEM: {problem}")
+            print(printable(f"  PROBLEM: {problem}"))
         failed = failed or bool(image.problems)
     if key is None:
         how = "unsigned: what is attached was checked, not who attached it (anyone who can push could); --key PUB"

@@ -30,6 +30,7 @@ from typing import Any
 
 import requests
 
+from builder import jsonread
 from builder.errors import UserError
 
 USER_VARIABLE, PASSWORD_VARIABLE = "TORCH_IMAGES_REGISTRY_USER", "TORCH_IMAGES_REGISTRY_PASSWORD"
@@ -79,9 +80,9 @@ def _config_document(config: Path) -> dict[str, Any]:
     if len(data) > MAX_CONFIG_BYTES:
         raise UserError(f"{config}: larger than {MAX_CONFIG_BYTES // 1024} KiB; not a docker config file")
     try:
-        document = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise UserError(f"{config}: not a docker config file ({error.__class__.__name__}); fix or move it") from None
+        document = jsonread.loads(data, "it")
+    except UserError as error:
+        raise UserError(f"{config}: not a docker config file ({error.message}); fix or move it") from None
     if not isinstance(document, dict):
         raise UserError(f"{config}: not a docker config file (its top level is not an object); fix or move it")
     return document
@@ -252,8 +253,8 @@ def fetch_token(
     if response.status_code != 200:
         raise UserError(f"the token service of {host} answered {response.status_code}")
     try:
-        answer = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        answer = jsonread.loads(body, "the token service's answer")
+    except UserError:
         answer = None
     token = (answer.get("token") or answer.get("access_token")) if isinstance(answer, dict) else None
     if not isinstance(token, str) or not TOKEN.fullmatch(token):

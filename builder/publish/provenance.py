@@ -34,7 +34,7 @@ from securesystemslib import dsse
 from securesystemslib.exceptions import VerificationError
 from securesystemslib.signer import CryptoSigner, SSlibKey
 
-from builder import digests, paths
+from builder import digests, jsonread, paths
 from builder.errors import UserError
 from builder.plan.cell import Cell
 from builder.publish import reports
@@ -236,7 +236,7 @@ def verify_envelope(document: dict[str, Any], key: SSlibKey) -> dict[str, Any]:
     except (KeyError, TypeError, ValueError, AttributeError):
         raise UserError("not a DSSE envelope") from None
     if envelope.payload_type != PAYLOAD_TYPE:
-        raise UserError(f"the envelope's payload is {envelope.payload_type[:60]!r}, not an in-toto statement")
+        raise UserError(f"the envelope's payload is {str(envelope.payload_type)[:60]!r}, not an in-toto statement")
     try:
         envelope.verify([key], 1)
     except VerificationError:
@@ -244,11 +244,11 @@ def verify_envelope(document: dict[str, Any], key: SSlibKey) -> dict[str, Any]:
     if not _independently_signed(envelope, key):
         raise UserError("its signature does not verify with the given key (second check)")
     try:
-        statement = json.loads(envelope.payload)
+        statement = jsonread.loads(envelope.payload, "its payload")
         parsed = Statement([], "", {})
         json_format.ParseDict(statement, parsed.pb)
         parsed.validate()
-    except (ValueError, json_format.ParseError):
+    except (ValueError, json_format.ParseError, UserError):
         raise UserError("its payload is not a valid in-toto statement") from None
     if not isinstance(statement, dict):
         raise UserError("its payload is not a valid in-toto statement")

@@ -25,7 +25,7 @@ import docker
 import docker.errors
 from securesystemslib.signer import CryptoSigner
 
-from builder import times
+from builder import jsonread, times
 from builder.assemble import smoke
 from builder.assemble.build import BUILD_ID_LABEL, local_reference
 from builder.config import platform as platforms
@@ -372,7 +372,8 @@ def write_record(grid: Matrix, item: Publication, records_dir: Path) -> Path:
     return path
 
 
-MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()|~])")  # what can open emphasis, a link, code or a cell
+# What can open emphasis, a link, an image, code or a cell, mention someone or name an issue.
+MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()|~!@#])")
 CODE_SAFE = re.compile(r"[A-Za-z0-9._:/@+-]{1,200}")  # a registry, repository, tag or platform, as validated
 MAX_CELL_TEXT = 120
 
@@ -446,8 +447,8 @@ def update_readme_table(readme: Path, records_dir: Path) -> None:
     records = []
     for path in sorted(records_dir.glob("*.json")) if records_dir.is_dir() else []:
         try:
-            records.append(json.loads(path.read_bytes()[: 1 << 20]))
-        except (ValueError, UnicodeDecodeError):
+            records.append(jsonread.loads(path.read_bytes()[: 1 << 20], str(path)))
+        except UserError:
             raise UserError("is not a record `publish` writes (not JSON); remove it or publish again", path) from None
     rows = [row for row in map(_table_row, records) if row is not None]
     if not rows:

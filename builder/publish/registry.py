@@ -29,6 +29,7 @@ from typing import Any
 
 import requests
 
+from builder import jsonread
 from builder.downloads import system_ca_bundle
 from builder.errors import UserError
 from builder.publish import auth
@@ -75,9 +76,9 @@ def sha256_digest(body: bytes) -> str:
 def json_object(body: bytes, what: str) -> dict[str, Any]:
     """A registry's answer as a JSON object, or one line saying it is not one."""
     try:
-        document = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise UserError(f"{what} is not JSON ({len(body)} bytes); nothing was moved") from None
+        document = jsonread.loads(body, what)
+    except UserError as error:
+        raise UserError(f"{error.message} ({len(body)} bytes); nothing was moved") from None
     if not isinstance(document, dict):
         raise UserError(f"{what} is JSON but not an object; nothing was moved")
     return document

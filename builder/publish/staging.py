@@ -15,6 +15,7 @@ take the staged manifests (byte for byte: the same digests), and then the aliase
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import docker
 from securesystemslib.signer import CryptoSigner, SSlibKey
 
+from builder import jsonread
 from builder.assemble import build, smoke
 from builder.assemble.build import BUILD_ID_LABEL
 from builder.config import grammar
@@ -40,6 +42,44 @@ RUN = grammar.Grammar(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,39}", "a run ID of letters, 
 
 def staging_tag(grid: Matrix, cell: Cell, run: str, compression: str = "gzip") -> str:
     return f"{multiarch.image_tag(grid, cell, compression)}.staging-{run}"[:128]
+
+
+STAGED_RECORD_BYTES = 64 << 10
+MANIFEST_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def write_staged(directory: Path, grid: Matrix, run: str, items: list[Publication]) -> list[Path]:
+    """What the stage job pushed, one file per staging tag (`<tag>.json`: the tag, the manifest
+    digest, the image ID), for CI to carry to the promote job (an artifact): promote then moves
+    only tags that still point at what was staged."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for item in items:
+        tag = staging_tag(grid, item.cell, run, item.compression)
+        path = directory / f"{tag}.json"
+        path.write_text(json.dumps({"tag": tag, "digest": item.digest, "cell": item.cell.name}, sort_keys=True) + "\n")
+        written.append(path)
+    return written
+
+
+def read_staged(directory: Path, tag: str) -> str:
+    """The digest the stage job recorded for `tag`, or one line saying why there is none."""
+    path = directory / f"{tag}.json"
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(STAGED_RECORD_BYTES + 1)
+    except OSError:
+        raise UserError(
+            f"--staged-record {directory}: no {path.name}; the stage job records one per staged tag"
+        ) from None
+    try:
+        record = jsonread.loads(data, str(path)) if len(data) <= STAGED_RECORD_BYTES else None
+    except UserError:
+        record = None
+    digest = record.get("digest") if isinstance(record, dict) and record.get("tag") == tag else None
+    if not isinstance(digest, str) or not MANIFEST_DIGEST.fullmatch(digest):
+        raise UserError(f"{path}: not a staged record of {tag}; write what `publish --stage --staged-record` wrote")
+    return digest
 
 
 def check_run(run: str) -> str:
@@ -203,7 +243,12 @@ def attach_gpu_report(
 
 
 def gate_in_registry(
-    registry: Registry, grid: Matrix, cells: list[Cell], run: str, key: SSlibKey | None = None
+    registry: Registry,
+    grid: Matrix,
+    cells: list[Cell],
+    run: str,
+    key: SSlibKey | None = None,
+    staged_record: Path | None = None,
 ) -> list[Publication]:
     """Every cell staged in this run, with a passing self-test of exactly that image and an SBOM
     attached to its digest; refuses them all, naming each one, otherwise. With `key`, the
@@ -213,7 +258,7 @@ def gate_in_registry(
     ready, refused = [], []
     for cell in cells:
         for compression in publish.compressions(grid):
-            found = _staged(registry, grid, cell, run, compression, key)
+            found = _staged(registry, grid, cell, run, compression, key, staged_record)
             if isinstance(found, str):
                 refused.append(f"{cell.name}: {found}")
             else:
@@ -224,12 +269,22 @@ def gate_in_registry(
 
 
 def _staged(
-    registry: Registry, grid: Matrix, cell: Cell, run: str, compression: str, key: SSlibKey | None = None
+    registry: Registry,
+    grid: Matrix,
+    cell: Cell,
+    run: str,
+    compression: str,
+    key: SSlibKey | None = None,
+    staged_record: Path | None = None,
 ) -> Publication | str:
     repository, tag = grid.spec.repository, staging_tag(grid, cell, run, compression)
     manifest = registry.manifest(repository, tag)
     if manifest is None:
         return f"not staged ({tag} is not in {grid.spec.registry})"
+    if staged_record is not None:
+        recorded = read_staged(staged_record, tag)
+        if manifest.digest != recorded:
+            return f"{tag} now points at {manifest.digest[:19]}, the stage job pushed {recorded[:19]}"
     if manifest.media_type not in IMAGE_TYPES:
         return f"{tag} is a {manifest.media_type}, not one image"
     image_id = json.loads(manifest.body)["config"]["digest"]
@@ -264,13 +319,14 @@ def promote(
     records_dir: Path | None = None,
     readme: Path | None = None,
     key: SSlibKey | None = None,
+    staged_record: Path | None = None,
 ) -> list[Publication]:
     if key is None:
         report(
             "promote reads the reports as attached, unsigned: anyone who can push could have attached them; "
             f"give the team's public key (--key, or {trust.KEY_ENVIRONMENT}) to trust only what it signed"
         )
-    items = gate_in_registry(registry, grid, cells, run, key)
+    items = gate_in_registry(registry, grid, cells, run, key, staged_record)
     repository = grid.spec.repository
     for item in items:
         current = registry.manifest(repository, item.target)

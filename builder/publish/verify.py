@@ -16,6 +16,7 @@ from typing import Any
 
 from securesystemslib.signer import SSlibKey
 
+from builder import jsonread
 from builder.assemble import smoke
 from builder.assemble.build import BUILD_ID_LABEL
 from builder.config import grammar
@@ -231,8 +232,8 @@ def _record_build_id(grid: Matrix | None, cell: str, digest: str) -> str | None:
         return None
     path = grid.path.resolve().parent / "published" / f"{cell}.json"
     try:
-        record = json.loads(Path(path).read_bytes()[: 1 << 20])
-    except (OSError, ValueError):
+        record = jsonread.loads(Path(path).read_bytes()[: 1 << 20], str(path))
+    except (OSError, UserError):
         return None
     if not isinstance(record, dict):
         return None

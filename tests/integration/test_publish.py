@@ -584,6 +584,16 @@ def test_with_the_teams_key_promote_trusts_only_what_it_signed(
         staging.promote(api, grid, [built.cell], "k2", say, records, readme, key=key)
     assert api.manifest("torch", built.cell.tag) is None
 
+    # Without a key, the digests the stage job recorded (CI carries them to promote as an
+    # artifact) catch the same swap: the staging tag moved since it was pushed.
+    record = tmp_path / "staged"
+    staging.write_staged(record, grid, "k1", [staged])
+    api.put_manifest("torch", tag, swapped)
+    with pytest.raises(UserError, match=rf"{tag} now points at {swapped.digest[:19]}, the stage job pushed"):
+        staging.promote(api, grid, [built.cell], "k1", say, records, readme, staged_record=record)
+    api.put_manifest("torch", tag, subject)
+    assert api.manifest("torch", built.cell.tag) is None
+
     # What the team's key signed about the staged digest opens the gate, and the record keeps it.
-    [promoted] = staging.promote(api, grid, [built.cell], "k1", say, records, readme, key=key)
+    [promoted] = staging.promote(api, grid, [built.cell], "k1", say, records, readme, key=key, staged_record=record)
     assert api.manifest("torch", built.cell.tag).digest == staged.digest == promoted.digest  # type: ignore[union-attr]

@@ -3,6 +3,7 @@ fixture), Debian versions against a security index, Valid-Until, and the command
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 from dataclasses import replace
@@ -148,3 +149,25 @@ def test_audit_exits_1_at_the_fail_on_severity_and_0_below_it(cell, monkeypatch:
     assert cli.main(["audit", CELL, "--osv", str(OSV), "--fail-on", "medium", "--json"]) == 1
     [row] = json.loads(capsys.readouterr().out)
     assert row["package"] == "jinja2" and row["fixed"] == "3.1.6"
+
+
+def test_advisory_text_reaches_the_pull_request_body_and_the_terminal_inert() -> None:
+    """Issue 35: the audit's table is the security job's pull request body, and OSV writes its text."""
+    from builder.commands import audit as audit_command
+    from builder.terminal import SafeConsole
+
+    hostile = audit.Finding(
+        "cell", "pypi", "jinja2", "3.1.6", "3.1.7",
+        "GHSA-x [link](https://evil.invalid) <img src=x> @org/team #1 ![i](x) | cell\n\x1b[2Jwiped [/red]",
+        "high",
+    )  # fmt: skip
+    body = audit_command._markdown([hostile], 1, True)
+    [row] = [line for line in body.splitlines() if line.startswith("| cell | jinja2")]
+    assert row.count(" | ") == 6  # one row of seven cells: no cell break came out of the text
+    for raw in ("[link](", "<img", " @org", " #1", "![", "\n", "\x1b"):
+        assert raw not in row, raw
+    assert "\\[link\\]\\(https://evil.invalid\\)" in row and "&lt;img src=x&gt;" in row and "\\@org/team" in row
+    console = SafeConsole(file=io.StringIO(), width=300)
+    console.print(hostile.advisory)  # Rich markup in it is text, its escape sequence is shown
+    printed = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "\\x1b[2J" in printed and "[/red]" in printed and "\x1b" not in printed

@@ -58,7 +58,8 @@ def test_cells_from_an_index_are_jobs_and_a_cell_of_local_wheels_only_when_named
     assert github["jobs"]["cell"]["strategy"]["fail-fast"] is False
     # promote names exactly the cells that are jobs (`--all` would wait for the left-out ones)
     promote = github["jobs"]["promote"]["steps"][-1]["run"].split()
-    assert promote[promote.index("--run") + 4 :] == [job["cell"] for job in jobs]  # after "${{ github.run_id }}"
+    # after "--run ${{ github.run_id }} --staged-record staged"
+    assert promote[promote.index("--run") + 6 :] == [job["cell"] for job in jobs]
     named = yaml.safe_load(ci.workflow(grid, "github", names=local))
     assert [job["cell"] for job in named["jobs"]["cell"]["strategy"]["matrix"]["include"]] == local
     assert "gpu" not in named["jobs"] and named["jobs"]["promote"]["needs"] == "cell"  # CPU cells: no GPU stage
@@ -73,7 +74,7 @@ def test_every_cell_job_installs_what_it_needs_caches_by_its_locks_and_builds_wi
     )
     assert install < build  # mmdebstrap (through sudo) before the build that bootstraps with it
     assert runs[build] == './nox -s build -- --registry "$IMAGE" --skip-existing ${{ matrix.cell }}'
-    assert any("--stage --run ${{ github.run_id }} ${{ matrix.cell }}" in run for run in runs)
+    assert any("--stage --run ${{ github.run_id }} --staged-record staged ${{ matrix.cell }}" in run for run in runs)
     assert not any("docker image prune" in run for run in runs)  # a runner's engine is not emptied
     stage = next(step for step in steps if "--stage" in step.get("run", ""))
     assert stage["env"] == {"TORCH_IMAGES_SIGNING_KEY": "${{ secrets.TORCH_IMAGES_SIGNING_KEY }}"}  # signs when set
@@ -172,11 +173,14 @@ def test_the_daily_security_job_audits_moves_only_fixes_and_proposes_the_change(
         fan_out = yaml.safe_load(ci.workflow(grid, "gitlab"))
         assert fan_out["cell"]["rules"][0] == {"if": '$CI_PIPELINE_SOURCE == "schedule"', "when": "never"}
     audit, update, propose = (next(i for i, r in enumerate(runs) if needle in r) for needle in
-                              ("./nox -s audit", "./nox -s update -- --security", "git push"))  # fmt: skip
+                              ("./nox -s audit", "./nox -s update -- --security", "git switch --create"))  # fmt: skip
     assert audit < update < propose
     assert '[ "$status" -le 1 ]' in runs[audit]  # findings do not stop the job; a failed audit does
     assert "git diff --quiet -- images" in runs[propose]  # nothing proposed when no lock moved
     assert ("gh pr create" if system == "github" else "merge_request.create") in runs[propose]
+    # The advisories' text reaches the pull request escaped, and no token reaches a command line.
+    assert "--markdown > audit.md" in runs[audit]
+    assert "TORCH_IMAGES_PUSH_TOKEN}@" not in text and "oauth2:$" not in text
 
 
 def test_the_jobs_that_sign_or_move_tags_are_kept_to_the_default_or_protected_branches(grid) -> None:  # type: ignore[no-untyped-def]
@@ -196,3 +200,10 @@ def test_the_jobs_that_sign_or_move_tags_are_kept_to_the_default_or_protected_br
     assert stage.startswith('if [ "$CI_COMMIT_REF_PROTECTED" = "true" ]; then') and "--stage" in stage
     text = ci.workflow(grid, "gitlab")
     assert "masked and *protected* CI/CD" in text
+    # What the stage jobs pushed travels to promote by digest (an artifact), and promote reads it.
+    assert gitlab["cell"]["artifacts"]["paths"] == ["staged/"] and "--staged-record staged" in stage
+    assert "--staged-record staged" in gitlab["promote"]["script"][-1]
+    upload = next(s for s in github["jobs"]["cell"]["steps"] if s.get("uses", "").startswith("actions/upload-artifact"))
+    download = next(s for s in github["jobs"]["promote"]["steps"] if "download-artifact" in s.get("uses", ""))
+    assert upload["with"]["path"] == download["with"]["path"] == "staged/"
+    assert download["with"]["pattern"] == "staged-*" and "--staged-record staged" in promote["run"]

@@ -455,3 +455,34 @@ def test_the_wheelhouse_serves_only_what_a_build_asked_for(tmp_path: Path) -> No
         assert status("files/link.txt") == 404
         assert status("files/0123456789abcdef/../../../secret.txt") == 404
         assert status("%2e%2e/secret.txt") == 404
+
+
+DEEP = b"[" * 5000 + b"]" * 5000  # past the parser's recursion limit
+NESTED = b'{"a": ' * 100 + b"1" + b"}" * 100  # parses, but deeper than any document the builder reads
+
+
+@pytest.mark.parametrize("document", [DEEP, NESTED])
+def test_json_built_to_be_deep_is_one_line_wherever_it_arrives(
+    document: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 35: a deep report layer, signed payload or record gave a RecursionError traceback."""
+    from securesystemslib import dsse
+    from securesystemslib.signer import CryptoSigner
+
+    from builder.assemble import smoke
+    from builder.publish import provenance, staging
+
+    with pytest.raises(UserError, match=r"^a manifest: JSON nested deeper than 64 levels \(\d+ bytes\); nothing"):
+        registry.json_object(document, "a manifest")
+    # The signed payload: an envelope the key did sign, around a deep document.
+    signer = CryptoSigner.generate_ed25519()
+    envelope = dsse.Envelope(payload=document, payload_type=provenance.PAYLOAD_TYPE, signatures={})
+    envelope.sign(signer)
+    with pytest.raises(UserError, match="its payload is not a valid in-toto statement"):
+        provenance.verify_envelope(envelope.to_dict(), signer.public_key)
+    (tmp_path / "t.staging-1.json").write_bytes(document)
+    with pytest.raises(UserError, match="not a staged record"):
+        staging.read_staged(tmp_path, "t.staging-1")
+    monkeypatch.setattr(smoke, "report_path", lambda image_id: tmp_path / "report.json")
+    (tmp_path / "report.json").write_bytes(document)
+    assert smoke.passing_report("sha256:" + "a" * 64) is None  # a damaged cache entry: tested again

@@ -181,3 +181,10 @@ def test_the_gates_trust_the_key_given_else_the_ci_variable_else_the_signers_own
     monkeypatch.setenv(trust.KEY_ENVIRONMENT, "not a key")
     with pytest.raises(UserError, match=r"^TORCH_IMAGES_VERIFY_KEY: not a PEM public key"):
         trust.trust_key(None, None)
+
+
+@pytest.mark.parametrize("payload_type", [5, None, ["x"], {"a": 1}])
+def test_an_envelope_whose_payload_type_is_not_a_string_is_one_line(payload_type: object) -> None:
+    key = CryptoSigner.generate_ed25519().public_key
+    with pytest.raises(UserError, match="not an in-toto statement"):
+        provenance.verify_envelope({"payload": "e30=", "payloadType": payload_type, "signatures": []}, key)

@@ -13,7 +13,7 @@ import pytest
 from builder.errors import UserError
 from builder.facts.compat import TorchWheels
 from builder.plan.matrix import load_matrix
-from builder.publish import publish
+from builder.publish import publish, staging
 from builder.publish.registry import Manifest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,3 +90,18 @@ def test_no_engine_is_one_line_naming_the_socket_and_exit_2(tmp_path: Path) -> N
     assert result.returncode == 2 and "Traceback" not in result.stderr
     [line] = [line for line in result.stderr.splitlines() if line.strip()]
     assert line.startswith(f"error: no Docker engine answers at unix://{socket}; start one")
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"{not json", b'{"tag": "another.staging-1", "digest": "sha256:' + b"a" * 64 + b'"}',
+     b'{"tag": "t.staging-1", "digest": "sha256:../../x"}', b"[]", b"{" * 100000],
+)  # fmt: skip
+def test_a_staged_record_that_is_not_one_is_refused_in_one_line(tmp_path: Path, content: bytes) -> None:
+    (tmp_path / "t.staging-1.json").write_bytes(content)
+    with pytest.raises(UserError, match=r"t.staging-1.json: not a staged record of t.staging-1"):
+        staging.read_staged(tmp_path, "t.staging-1")
+    with pytest.raises(UserError, match=r"--staged-record .*: no u.staging-1.json"):
+        staging.read_staged(tmp_path, "u.staging-1")
+    (tmp_path / "t.staging-1.json").write_text('{"tag": "t.staging-1", "digest": "sha256:' + "b" * 64 + '"}')
+    assert staging.read_staged(tmp_path, "t.staging-1") == "sha256:" + "b" * 64

@@ -1,0 +1,31 @@
+"""Text from outside (a registry's answer, a report's device name, an OSV record) on its way to a
+terminal: control characters, escape sequences included, are shown as escapes, never sent; and
+the console reads no markup, so a `[` in such text is a bracket, not a Rich tag."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from rich.console import Console
+
+# C0 controls but tab, DEL, and C1 controls (ESC starts a terminal sequence; CR and LF would let
+# a name write lines of its own).
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` with each control character written as its escape (\\x1b, \\n)."""
+    return _CONTROL.sub(lambda found: repr(found.group())[1:-1], text)
+
+
+class SafeConsole(Console):
+    """A Rich console for the builder's lines: no markup, no highlighting, control characters
+    escaped in every string it is given (renderables such as tables escape their own cells)."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(markup=False, highlight=False, **options)
+
+    def print(self, *objects: Any, **options: Any) -> None:
+        options.pop("markup", None)
+        super().print(*(printable(o) if isinstance(o, str) else o for o in objects), markup=False, **options)
