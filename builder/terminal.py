@@ -14,6 +14,15 @@ from rich.console import Console
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 
 
+# `user:password@` at the start of a reference or URL (a digest's `@` comes after a `/`).
+_USERINFO = re.compile(r"^([a-z]+://)?([^/@:\s]*):[^/@\s]*@", re.IGNORECASE)
+
+
+def without_password(text: str) -> str:
+    """`text` with the password of a leading `user:password@` replaced by ***, for error lines."""
+    return _USERINFO.sub(lambda found: f"{found.group(1) or ''}{found.group(2)}:***@", text)
+
+
 def printable(text: str) -> str:
     """`text` with each control character written as its escape (\\x1b, \\n)."""
     return _CONTROL.sub(lambda found: repr(found.group())[1:-1], text)

@@ -13,7 +13,7 @@ from builder.config import grammar
 from builder.plan import matrix
 from builder.plan.cell import Cell
 from builder.publish.registry import Registry
-from builder.terminal import SafeConsole
+from builder.terminal import SafeConsole, without_password
 
 console = SafeConsole(stderr=True)
 NEEDS_NOTHING = "Offline; needs no engine."
@@ -79,6 +79,12 @@ def registry_options(command: argparse.ArgumentParser, registry_help: str) -> No
 
 def registry_option(value: str) -> str:
     if not grammar.REGISTRY_REF.matches(value):
+        shown = without_password(value)
+        if shown != value:
+            raise argparse.ArgumentTypeError(
+                f"{shown!r} carries credentials: give them with `docker login` or the environment, and write "
+                f"{grammar.REGISTRY_REF.hint}"
+            )
         raise argparse.ArgumentTypeError(f"{value!r} is not a registry: write {grammar.REGISTRY_REF.hint}")
     return value
 

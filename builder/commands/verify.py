@@ -38,7 +38,9 @@ def run(args: argparse.Namespace) -> int:
     if args.registry:
         raise UserError("verify reads the registry from the reference; write REGISTRY/REPOSITORY:TAG")
     grid = matrix.load_matrix(Path(args.matrix)) if Path(args.matrix).is_file() else None
-    registry = Registry.for_publishing(reference.registry, args.registry_ca, args.insecure_registry)
+    # The environment's credentials are the team's, for its own registry: another one never gets them.
+    configured = grid.spec.registry if grid is not None else ""
+    registry = Registry.for_publishing(reference.registry, args.registry_ca, args.insecure_registry, configured)
     registry.check()
     key = provenance.load_public_key(args.key) if args.key else None
     images = verify.verify(registry, reference, grid, key)

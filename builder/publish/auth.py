@@ -34,6 +34,7 @@ from builder import jsonread
 from builder.errors import UserError
 
 USER_VARIABLE, PASSWORD_VARIABLE = "TORCH_IMAGES_REGISTRY_USER", "TORCH_IMAGES_REGISTRY_PASSWORD"
+HOST_VARIABLE = "TORCH_IMAGES_REGISTRY_HOST"  # the registry those two are for (default: the matrix's)
 MAX_CONFIG_BYTES = 1 << 20  # a docker config is a few hundred bytes
 MAX_HELPER_BYTES = 1 << 20
 MAX_TOKEN_ANSWER_BYTES = 1 << 20  # a token answer is a few kilobytes (a JWT)
@@ -186,12 +187,18 @@ def docker_config_credentials(host: str, config: Path) -> Credentials | None:
     return found
 
 
-def find_credentials(host: str, environ: os._Environ[str] | dict[str, str] = os.environ) -> Credentials | None:
-    """Docker's config first, then TORCH_IMAGES_REGISTRY_USER and _PASSWORD."""
+def find_credentials(
+    host: str, environ: os._Environ[str] | dict[str, str] = os.environ, configured: str | None = None
+) -> Credentials | None:
+    """Docker's config first (its entries name their registry), then TORCH_IMAGES_REGISTRY_USER
+    and _PASSWORD, which belong to one registry: TORCH_IMAGES_REGISTRY_HOST where set, else the
+    one the matrix (or --registry) configures. Another host never gets them: `verify` of someone
+    else's image must not hand it the team's push credentials."""
     found = docker_config_credentials(host, docker_config_path(environ))
     if found:
         return found
-    if environ.get(USER_VARIABLE):
+    owner = environ.get(HOST_VARIABLE) or configured
+    if environ.get(USER_VARIABLE) and owner == host:
         return Credentials(environ[USER_VARIABLE], environ.get(PASSWORD_VARIABLE, ""), USER_VARIABLE)
     return None
 

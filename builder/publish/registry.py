@@ -42,6 +42,7 @@ from builder.publish.auth import (  # re-exported: the publish stage's callers a
     find_credentials,
     is_loopback,
 )
+from builder.terminal import printable
 
 __all__ = [
     "PASSWORD_VARIABLE", "USER_VARIABLE", "Credentials", "Manifest", "Registry", "docker_config_credentials",
@@ -62,6 +63,10 @@ MAX_MANIFEST_BYTES = 4 << 20  # manifests, indexes and referrer lists
 MAX_BLOB_BYTES = 64 << 20  # blobs read into memory: image configs, SBOMs, self-test reports
 MAX_REFERRERS = 10_000
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+# An Authorization value an error body may echo back: the scheme, then the credential.
+CREDENTIAL_TEXT = re.compile(r"\b(Basic|Bearer)\s+[A-Za-z0-9+/=._~-]+", re.IGNORECASE)
 
 
 def same_origin(url: str, base: str) -> bool:
@@ -166,11 +171,27 @@ class Registry:
         self.retries, self.backoff_s = retries, backoff_s
 
     @classmethod
-    def for_publishing(cls, host: str, ca_file: Path | None = None, insecure: bool = False) -> Registry:
-        found = find_credentials(host)
+    def for_publishing(
+        cls, host: str, ca_file: Path | None = None, insecure: bool = False, configured: str | None = None
+    ) -> Registry:
+        """A client of `host` with its credentials; the environment's go only to `configured`
+        (the matrix's registry; by default `host` itself, the one being published to)."""
+        found = find_credentials(host, configured=host if configured is None else configured)
         if found is None:
             return cls(host, ca_file=ca_file, insecure=insecure)
         return cls(host, found.username, found.password, ca_file=ca_file, insecure=insecure, source=found.source)
+
+    def quoted(self, body: bytes) -> str:
+        """The start of a registry's answer, for an error line: never a credential (an error body
+        may echo the request's Authorization header), never a control character."""
+        text = body[:400].decode("utf-8", errors="replace")
+        secrets = [self.credentials.password] if self.credentials and self.credentials.password else []
+        if self.authorization:
+            secrets.append(self.authorization.split(" ", 1)[-1])
+        for secret in secrets:
+            text = text.replace(secret, "***")
+        text = CREDENTIAL_TEXT.sub(lambda found: f"{found.group(1)} ***", text)
+        return repr(printable(text)[:120])
 
     def _refused(self, status: int) -> UserError:
         if self.credentials is None:
@@ -231,6 +252,13 @@ class Registry:
         for attempt in range(self.retries + 1):
             try:
                 response, body = self._send(method, url, headers or {}, data, limit)
+                if response.status_code in (401, 403) and not same_origin(response.url or url, self.base):
+                    # A redirect's target asked for credentials: they are the registry's, not its.
+                    where = urllib.parse.urlsplit(response.url).netloc[:80]
+                    raise UserError(
+                        f"registry {self.host} redirected to {where}, which asked for credentials "
+                        f"({response.status_code}); the registry's are not sent there"
+                    )
                 if response.status_code in (401, 403) and same_origin(url, self.base):
                     self._answer_challenge(response)
                     response, body = self._send(method, url, headers or {}, data, limit)
@@ -298,7 +326,8 @@ class Registry:
         )
         if status not in (200, 201):
             raise UserError(
-                f"registry {self.host} refused the manifest for {repository}:{reference} ({status}: {body[:120]!r})"
+                f"registry {self.host} refused the manifest for {repository}:{reference} "
+                f"({status}: {self.quoted(body)})"
             )
         return headers
 

@@ -25,6 +25,7 @@ from builder.plan.matrix import Matrix
 from builder.publish import provenance, reports
 from builder.publish.publish import ARTIFACT_TYPES
 from builder.publish.registry import DIGEST, IMAGE_TYPES, INDEX_TYPES, Manifest, Registry, json_object
+from builder.terminal import without_password
 
 CELL_LABEL, CUDA_LABEL = "io.torch-images.cell", "io.torch-images.cuda"
 MAX_ARTIFACTS = 64  # an SBOM and a report per machine that ran the self-test, with room to spare
@@ -48,6 +49,11 @@ class Reference:
 def parse_reference(text: str) -> Reference:
     """REGISTRY/REPOSITORY[:TAG][@DIGEST], each part against its grammar."""
     hint = "write REGISTRY/REPOSITORY:TAG or REGISTRY/REPOSITORY@sha256:<64 hex>, such as ghcr.io/acme/torch:latest"
+    if without_password(text) != text:  # user:password@host: the password is never repeated back
+        raise UserError(
+            f"{without_password(text)[:200]!r} carries credentials; give them with `docker login` or the "
+            f"environment, and {hint}"
+        )
     rest, _, digest = text.partition("@")
     host, slash, path = rest.partition("/")
     repository, tag = path, None

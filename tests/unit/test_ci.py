@@ -207,3 +207,15 @@ def test_the_jobs_that_sign_or_move_tags_are_kept_to_the_default_or_protected_br
     download = next(s for s in github["jobs"]["promote"]["steps"] if "download-artifact" in s.get("uses", ""))
     assert upload["with"]["path"] == download["with"]["path"] == "staged/"
     assert download["with"]["pattern"] == "staged-*" and "--staged-record staged" in promote["run"]
+
+
+def test_runner_labels_that_read_as_other_yaml_types_stay_strings(grid) -> None:  # type: ignore[no-untyped-def]
+    """Issue 35: labels such as `true`, `null` or `1.10`, written unquoted, became a boolean, a
+    null and the number 1.1."""
+    labels = ["true", "null", "1.10", "gpu"]
+    grid.spec = grid.spec.model_copy(update={"ci": CiSpec(gpu_runner={"amd64": labels, "arm64": labels})})
+    github = yaml.safe_load(ci.workflow(grid, "github"))
+    runners = [e["runner"] for e in github["jobs"]["gpu"]["strategy"]["matrix"]["include"]]
+    assert runners and all(r == labels for r in runners)
+    gitlab = yaml.safe_load(ci.workflow(grid, "gitlab"))
+    assert gitlab["gpu 2.15.0-cu13.2-bookworm-runtime"]["tags"] == labels

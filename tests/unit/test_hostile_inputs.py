@@ -486,3 +486,20 @@ def test_json_built_to_be_deep_is_one_line_wherever_it_arrives(
     monkeypatch.setattr(smoke, "report_path", lambda image_id: tmp_path / "report.json")
     (tmp_path / "report.json").write_bytes(document)
     assert smoke.passing_report("sha256:" + "a" * 64) is None  # a damaged cache entry: tested again
+
+
+def test_a_redirect_target_that_asks_for_credentials_gets_none(
+    two_hosts: tuple[str, str, type[_Recorder], type[_Recorder]],
+) -> None:
+    """Issue 35: a blob GET redirected to another host, which answered 401 with a challenge of
+    its own, was answered with the registry's credentials (judged by the URL asked, not the one
+    that answered)."""
+    home, other, registry_side, other_side = two_hosts
+    registry_side.script = {"/v2/torch/blobs/": (307, {"Location": f"http://{other}/blob"})}
+    registry_side.challenge = True
+    other_side.challenge = True
+    client = registry.Registry(home, "ci", "s3cret", retries=0)
+    client.check()
+    with pytest.raises(UserError, match=rf"redirected to {other}, which asked for credentials \(401\); the registry's"):
+        client.blob("torch", "sha256:" + "a" * 64)
+    assert other_side.seen and all(auth is None for _, _, auth in other_side.seen)

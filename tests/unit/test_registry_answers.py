@@ -462,3 +462,28 @@ def test_report_text_reaches_the_readme_as_inert_text(tmp_path: Path) -> None:
     assert row.count(" | ") == 5  # six cells: the device's | is escaped, not a new cell
     assert "bf16 matmul 80% of peak" in row and "\\`9.0" in row  # the backtick escaped: no code span
     assert "`127.0.0.1:5000/torch:2.13.0-cpu`" in row
+
+
+def test_an_error_body_that_echoes_the_credentials_is_quoted_without_them(hostile: tuple[str, type[Scripted]]) -> None:
+    """Issue 35: a registry's error body that repeats the Authorization header reached the error line."""
+    host, handler = hostile
+    pair = base64.b64encode(b"ci:s3cret-pass").decode()
+    echo = f'{{"errors": [{{"detail": "bad header Authorization: Basic {pair} for ci:s3cret-pass\\u001b[2J"}}]}}'
+    handler.routes = {"/v2/": (200, {}, b"{}"), "/v2/torch/manifests/x": (400, {}, echo.encode())}
+    client = Registry(host, "ci", "s3cret-pass", retries=0)
+    client.authorization = f"Basic {pair}"
+    with pytest.raises(UserError) as caught:
+        client.put_manifest("torch", "x", registry.Manifest.of(image_manifest(), OCI_MANIFEST))
+    line = one_line(caught)
+    assert "refused the manifest for torch:x (400:" in line and "Basic ***" in line
+    assert "s3cret-pass" not in line and pair not in line and "\x1b" not in line
+
+
+def test_a_reference_with_a_password_is_refused_without_repeating_it() -> None:
+    from builder.publish import verify
+
+    with pytest.raises(UserError) as caught:
+        verify.parse_reference("bob:hunter2@ghcr.io/acme/torch:latest")
+    line = one_line(caught)
+    assert "hunter2" not in line and "'bob:***@ghcr.io/acme/torch:latest' carries credentials" in line
+    assert verify.parse_reference("ghcr.io/acme/torch@sha256:" + "a" * 64).digest == "sha256:" + "a" * 64

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from builder.errors import UserError
-from builder.publish import registry
+from builder.publish import auth, registry
 
 
 def _docker_config(tmp_path: Path, document: dict[str, object]) -> dict[str, str]:
@@ -60,8 +60,19 @@ def test_the_environment_is_the_fallback(tmp_path: Path) -> None:
     environ = _docker_config(tmp_path, {"auths": {}})
     assert registry.find_credentials("ghcr.io", environ) is None
     environ.update({registry.USER_VARIABLE: "ci", registry.PASSWORD_VARIABLE: "s3cret"})
-    found = registry.find_credentials("ghcr.io", environ)
+    found = registry.find_credentials("ghcr.io", environ, configured="ghcr.io")
     assert found is not None and found.source == registry.USER_VARIABLE and "s3cret" not in repr(found)
+
+
+def test_the_environments_credentials_go_to_the_configured_registry_only(tmp_path: Path) -> None:
+    """Issue 35: `verify` of another registry's image handed it the team's push credentials."""
+    environ = _docker_config(tmp_path, {"auths": {}})
+    environ.update({registry.USER_VARIABLE: "ci", registry.PASSWORD_VARIABLE: "s3cret"})
+    assert registry.find_credentials("elsewhere.example", environ, configured="ghcr.io") is None
+    assert registry.find_credentials("ghcr.io", environ, configured=None) is None  # nothing says whose they are
+    environ[auth.HOST_VARIABLE] = "harbor.example"
+    assert registry.find_credentials("ghcr.io", environ, configured="ghcr.io") is None
+    assert registry.find_credentials("harbor.example", environ, configured="ghcr.io") is not None
 
 
 def test_a_broken_docker_config_is_one_line_naming_the_file(tmp_path: Path) -> None:
