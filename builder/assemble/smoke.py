@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import functools
 import json
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -150,6 +151,38 @@ def expected_checks() -> tuple[str, ...]:
 
 
 @functools.cache
+def _gpu_peaks() -> tuple[dict[str, Any], ...]:
+    """image/gpu_peaks.json's entries (the data the self-test gates speeds by)."""
+    document = jsonread.loads((paths.IMAGE / "gpu_peaks.json").read_bytes(), "image/gpu_peaks.json")
+    return tuple(entry for entry in document.get("gpus", []) if isinstance(entry, dict))
+
+
+def known_gpu(name: str) -> dict[str, Any] | None:
+    """The datasheet entry the self-test picks for a device name (a `match` substring), if any."""
+    return next(
+        (e for e in _gpu_peaks() if any(str(alias).lower() in name.lower() for alias in e.get("match", []))), None
+    )
+
+
+# A figure past these is not a measurement: a fraction of the datasheet peak far above it, a
+# speed-up of thousands, a compile of days.
+FIGURE_LIMITS = {
+    "matmul_bf16_fraction_of_peak": 1.5,
+    "sdpa_flash_vs_math": 1000.0,
+    "sdpa_cudnn_vs_math": 1000.0,
+    "compile_s": 86400.0,
+}
+
+
+def _figure_problem(figures: dict[str, Any]) -> str | None:
+    for key, limit in FIGURE_LIMITS.items():
+        value = figures.get(key)
+        if value is not None and not (math.isfinite(value) and 0 < value <= limit):
+            return f"its figure {key} = {value!r} is not a measurement (a finite number in (0, {limit:g}])"
+    return None
+
+
+@functools.cache
 def gpu_checks() -> tuple[str, ...]:
     """The checks a GPU report must pass on the device (image/selftest.py's GPU_CHECKS)."""
     return tuple(ast.literal_eval(_selftest_table("GPU_CHECKS")))
@@ -223,8 +256,20 @@ def why_not_a_gpu_pass(report: object, image_id: str) -> str | None:
         return f"GPU checks did not pass on the device: {', '.join(not_passed)}"
     if accelerator.get("gated") is not True and accelerator.get("gated") is not False:
         return "the report does not say whether its speed gates applied (accelerator.gated)"
-    if accelerator["gated"] and gpu_figures(report).get("matmul_bf16_fraction_of_peak") is None:
-        return "the report says its speed gates applied but carries no fraction of peak"
+    figures = gpu_figures(report)
+    problem = _figure_problem(figures)
+    if problem is not None:
+        return problem
+    entry = known_gpu(name)
+    if entry is not None and accelerator["gated"] is not True:
+        return f"the report says its speed gates did not apply, but gpu_peaks.json knows {name} ({entry.get('model')})"
+    if accelerator["gated"]:
+        fraction = figures.get("matmul_bf16_fraction_of_peak")
+        if fraction is None:
+            return "the report says its speed gates applied but carries no fraction of peak"
+        floor = ((entry or {}).get("thresholds") or {}).get("matmul_bf16_fraction_min")
+        if isinstance(floor, int | float) and fraction < floor:
+            return f"its bf16 matmul ran at {fraction:.2f} of peak, under the gate's {floor}"
     return None
 
 

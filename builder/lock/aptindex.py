@@ -58,7 +58,14 @@ def _keyring(base: BaseImage, scratch: Path) -> Path:
     return DEBIAN_KEYRING
 
 
-def signed_release(base: BaseImage, suite: str, scratch: Path, mirror: str | None = None) -> str:
+# A security index that states no Valid-Until (Ubuntu's do not; Debian's say 7 days) must be
+# dated within this: its archive publishes fixes daily, so an older one is a stale mirror.
+SECURITY_INDEX_MAX_AGE_S = 7 * 86400
+
+
+def signed_release(
+    base: BaseImage, suite: str, scratch: Path, mirror: str | None = None, security: bool = False
+) -> str:
     """The suite's Release text, after gpgv checked InRelease's signature, and, where it says
     until when it is valid (security archives do), that it still is: a mirror that stopped
     updating would otherwise read as "no new fixes"."""
@@ -72,21 +79,39 @@ def signed_release(base: BaseImage, suite: str, scratch: Path, mirror: str | Non
     if result.returncode != 0:
         raise UserError(f"{mirror}/dists/{suite}/InRelease: its signature does not verify with {keyring}")
     release = result.stdout.decode()
-    check_valid_until(release, f"{mirror}/dists/{suite}/InRelease")
+    check_valid_until(
+        release, f"{mirror}/dists/{suite}/InRelease", max_age_s=SECURITY_INDEX_MAX_AGE_S if security else None
+    )
     return release
 
 
-def check_valid_until(release: str, where: str, now: float | None = None) -> None:
-    """Refuse a signed Release whose Valid-Until has passed (one line, with the date)."""
+def check_valid_until(release: str, where: str, now: float | None = None, max_age_s: float | None = None) -> None:
+    """Refuse a signed Release whose Valid-Until has passed (one line, with the date); one that
+    states none, with `max_age_s`, when its Date is older than that, or it has no Date."""
     stanza = deb822.Release(release)
     text = stanza.get("Valid-Until")
+    now = time.time() if now is None else now
+    if not text and max_age_s is not None:
+        dated = stanza.get("Date")
+        try:
+            age = now - email.utils.parsedate_to_datetime(dated).timestamp() if dated else None
+        except (TypeError, ValueError):
+            age = None
+        if age is None:
+            raise UserError(f"{where}: states neither Valid-Until nor a readable Date; cannot tell whether it is stale")
+        if age > max_age_s:
+            raise UserError(
+                f"{where} is dated {dated} ({age / 86400:.0f} days ago) and states no Valid-Until: a security index "
+                f"older than {max_age_s / 86400:.0f} days is a stale mirror; use another mirror"
+            )
+        return
     if not text:
         return
     try:
         until = email.utils.parsedate_to_datetime(text).timestamp()
     except (TypeError, ValueError):
         raise UserError(f"{where}: Valid-Until {text[:60]!r} is not a date") from None
-    if (time.time() if now is None else now) > until:
+    if now > until:
         raise UserError(f"{where} expired on {text} (Valid-Until): the mirror is stale; use another mirror")
 
 
@@ -149,7 +174,7 @@ def archive_index(base: BaseImage) -> Index:
 
 def _suite_packages(base: BaseImage, mirror: str, suite: str, scratch: Path, source: str) -> Index:
     found: Index = {}
-    release = signed_release(base, suite, scratch, mirror)
+    release = signed_release(base, suite, scratch, mirror, security=bool(source))
     for component in base.components:
         if source and listed_sha256(release, f"{component}/binary-{base.arch}/Packages.xz") is None:
             continue  # a security suite may carry fewer components than the release

@@ -335,7 +335,22 @@ def apply_fixes(
 ) -> list[Cell]:
     """`update --security`: in each cell, the Debian packages with a newer version in the
     security archive and the Python packages the advisories name moved to their fixes, every
-    other pin left as it is; returns the cells that moved."""
+    other pin left as it is; returns the cells that moved. What has no fix is reported, not
+    moved. All or nothing: when anything fails (a stale index, a fix whose files the index does
+    not list), every lock is put back as it was, so no run leaves half its fixes behind."""
+    before = {path: confined.read_bytes(path) for cell in cells for path in sorted(cell.directory.glob("*.lock"))}
+    try:
+        return _apply_fixes(grid, cells, advisories, report)
+    except BaseException:
+        for path, data in before.items():
+            if confined.read_bytes(path) != data:
+                confined.write_text(path, data.decode())
+        raise
+
+
+def _apply_fixes(
+    grid: Matrix, cells: list[Cell], advisories: list[Advisory], report: Callable[[str], None]
+) -> list[Cell]:
     archives = SecurityArchives()
     changed = []
     for cell in cells:

@@ -171,3 +171,47 @@ def test_advisory_text_reaches_the_pull_request_body_and_the_terminal_inert() ->
     console.print(hostile.advisory)  # Rich markup in it is text, its escape sequence is shown
     printed = console.file.getvalue()  # type: ignore[attr-defined]
     assert "\\x1b[2J" in printed and "[/red]" in printed and "\x1b" not in printed
+
+
+def test_a_security_index_without_valid_until_is_refused_past_a_week_of_its_date() -> None:
+    """Issue 35: Ubuntu's security Release states no Valid-Until, so a stale mirror read as 'no fixes'."""
+    week = aptindex.SECURITY_INDEX_MAX_AGE_S
+    release = "Origin: Ubuntu\nSuite: jammy-security\nDate: Tue, 01 Dec 2026 00:00:00 UTC\n"
+    dated = 1_796_083_200  # that Date
+    aptindex.check_valid_until(release, "u/InRelease", now=dated + 86400, max_age_s=week)
+    with pytest.raises(UserError, match=r"u/InRelease is dated .* \(10 days ago\) and states no Valid-Until"):
+        aptindex.check_valid_until(release, "u/InRelease", now=dated + 10 * 86400, max_age_s=week)
+    with pytest.raises(UserError, match="states neither Valid-Until nor a readable Date"):
+        aptindex.check_valid_until("Origin: Ubuntu\nDate: soon\n", "v/InRelease", now=dated, max_age_s=week)
+    aptindex.check_valid_until(release, "u/InRelease", now=dated + 400 * 86400)  # a release suite: no age limit
+
+
+def test_update_security_is_all_or_nothing_a_failure_puts_every_lock_back(
+    cell,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    """Issue 35: a fix that failed half way left the fixes before it written."""
+    _pin(cell, "jinja2", "3.1.5")
+    locked = audit.locked_wheels(cell)
+    # A package moved after jinja2, so that the first fix is already written when the second fails.
+    other = next(name for name in sorted(locked) if name > "jinja2" and name != "torch" and name not in cell.torch.pins)
+    record = {"id": "TEST-2", "affected": [{"package": {"ecosystem": "PyPI", "name": other},
+              "ranges": [{"type": "ECOSYSTEM", "events": [{"introduced": "0"}, {"fixed": "999.0"}]}]}]}  # fmt: skip
+    (tmp_path / "osv").mkdir()
+    shutil.copy(OSV / "GHSA-cpwx-vrp4-4pq7.json", tmp_path / "osv")
+    (tmp_path / "osv" / "TEST-2.json").write_text(json.dumps(record))
+    advisories = audit.read_osv(tmp_path / "osv")
+    before = {p: p.read_bytes() for p in cell.directory.glob("*.lock")}
+
+    def hashes(grid: object, found_cell: object, name: str, version: str) -> list[str]:
+        if name == "jinja2":
+            return ["a" * 64]  # the first fix goes through and is written
+        raise UserError(f"{name} {version} has no files with sha256 on its index; lock the cell again")
+
+    monkeypatch.setattr(audit, "file_hashes", hashes)
+    monkeypatch.setattr(audit.SecurityArchives, "of", lambda self, c: {})
+    grid = load_matrix(REPO / "matrix.yaml")
+    with pytest.raises(UserError, match="999.0 has no files with sha256"):
+        audit.apply_fixes(grid, [cell], advisories, lambda line: None)
+    assert {p: p.read_bytes() for p in cell.directory.glob("*.lock")} == before

@@ -188,3 +188,20 @@ def test_a_failed_gpu_report_is_never_outvoted_by_a_pass_on_another_device(gpu_g
     stale = copy.deepcopy(failed)
     stale["image_id"] = OTHER_IMAGE
     assert isinstance(reports.gate([cpu_report(), gpu_report(), stale], IMAGE_ID, gpu_gate), reports.Gated)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -0.5, 0.0, 250.0])
+def test_a_figure_that_is_not_a_measurement_is_no_gpu_pass(value: float) -> None:
+    """Issue 35: NaN, infinite, negative or absurd figures opened the gate."""
+    report = gpu_report()
+    next(c for c in report["checks"] if c["check"] == "throughput")["metrics"]["matmul_bf16_fraction_of_peak"] = value
+    why = smoke.why_not_a_gpu_pass(report, IMAGE_ID)
+    assert why is not None and "is not a measurement" in why
+
+
+def test_a_device_the_datasheet_knows_cannot_say_its_gates_did_not_apply() -> None:
+    report = gpu_report(device="NVIDIA H200", gated=False)
+    assert "gpu_peaks.json knows NVIDIA H200 (H200)" in str(smoke.why_not_a_gpu_pass(report, IMAGE_ID))
+    slow = gpu_report()
+    next(c for c in slow["checks"] if c["check"] == "throughput")["metrics"]["matmul_bf16_fraction_of_peak"] = 0.2
+    assert "ran at 0.20 of peak, under the gate's 0.7" in str(smoke.why_not_a_gpu_pass(slow, IMAGE_ID))
