@@ -212,6 +212,6 @@ def test_update_security_is_all_or_nothing_a_failure_puts_every_lock_back(
     monkeypatch.setattr(audit, "file_hashes", hashes)
     monkeypatch.setattr(audit.SecurityArchives, "of", lambda self, c: {})
     grid = load_matrix(REPO / "matrix.yaml")
-    with pytest.raises(UserError, match="999.0 has no files with sha256"):
+    with pytest.raises(UserError, match=r"999\.0 has no files with sha256"):
         audit.apply_fixes(grid, [cell], advisories, lambda line: None)
     assert {p: p.read_bytes() for p in cell.directory.glob("*.lock")} == before
