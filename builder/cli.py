@@ -50,9 +50,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """argparse gives a command's cells only the words before its first option; cells written
+    after one (`ci github --registry X CELL`) are cells too. Anything else left over is argparse's
+    usual error."""
+    args, extras = parser.parse_known_args(argv)
+    if extras and isinstance(getattr(args, "cells", None), list) and not any(e.startswith("-") for e in extras):
+        args.cells += extras
+    elif extras:
+        parser.error(f"unrecognized arguments: {' '.join(extras)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     try:
         code: int = args.func(args)
         sys.stdout.flush()

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from builder import confined
 from builder.commands.common import (
     NEEDS_NOTHING,
     Register,
@@ -13,6 +14,7 @@ from builder.commands.common import (
     grid_of,
     registry_option,
 )
+from builder.errors import UserError
 from builder.render import ci
 
 
@@ -55,7 +57,12 @@ def run(args: argparse.Namespace) -> int:
         ci.schedule(grid, args.system) if args.schedule else ci.workflow(grid, args.system, args.registry, args.cells)
     )
     if args.output:
-        Path(args.output).write_text(text)
+        output = Path(args.output)
+        try:  # .github/workflows/ does not exist in a fresh checkout
+            output.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise UserError(f"--output {output}: cannot make its folder ({error.strerror})") from None
+        confined.write_text(output, text)
         console.print(f"wrote {args.output}")
     else:
         sys.stdout.write(text)

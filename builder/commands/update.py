@@ -12,6 +12,7 @@ from builder.commands.common import (
     console,
     grid_of,
 )
+from builder.errors import UserError
 from builder.lock import audit
 
 
@@ -50,6 +51,12 @@ def run(args: argparse.Namespace) -> int:
     """compat refresh, lock and render, in that order: each reads what the one before wrote."""
     if args.security:
         return security_fixes(args)
+    if args.cells or args.osv:  # without --security they would be ignored while every cell is locked again
+        given = " ".join([*args.cells, *(["--osv " + str(args.osv)] if args.osv else [])])
+        raise UserError(
+            f"update {given}: cells and --osv go with --security (update --security {given}); a plain update "
+            "refreshes the facts and locks every cell, which `python -m builder lock CELL` does for one"
+        )
     if not args.no_refresh:
         compat.run(args)
     grid = grid_of(args)  # read again: the refresh may have changed which cells can be built

@@ -15,6 +15,7 @@ key's place in `sign`, and its bundle the envelope's, without changing the state
 
 from __future__ import annotations
 
+import base64
 import copy
 import hashlib
 import json
@@ -35,13 +36,22 @@ from securesystemslib.exceptions import VerificationError
 from securesystemslib.signer import CryptoSigner, SSlibKey
 
 from builder import digests, jsonread, paths
+from builder.assemble import smoke
 from builder.errors import UserError
 from builder.plan.cell import Cell
 from builder.publish import reports
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
-ENVELOPE_TYPE = "application/vnd.dsse.envelope.v1+json"  # the referrer's artifactType
+# Attestations are attached as Sigstore bundles (v0.3: the DSSE envelope and the key's hint), as
+# OCI 1.1 referrers: where cosign 3 and the admission controllers built on it look. Images signed
+# before that carry bare DSSE envelopes (ENVELOPE_TYPE); verify and the gates read both.
+BUNDLE_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
+ENVELOPE_TYPE = "application/vnd.dsse.envelope.v1+json"
+SIGNED_TYPES = (BUNDLE_TYPE, ENVELOPE_TYPE)
 PROVENANCE = "https://slsa.dev/provenance/v1"
+TEST_RESULT = "https://in-toto.io/attestation/test-result/v0.1"  # in-toto's standard test result
+CYCLONEDX = "https://cyclonedx.org/bom"  # the SBOM, as cosign's `--type cyclonedx` reads it
+SPDX = "https://spdx.dev/Document"  # the SBOM as SPDX 2.3 (cosign's `--type spdxjson`)
 SELFTEST = "https://torch-images.invalid/selftest/v1"  # this project's predicate: a self-test report
 BUILD_TYPE = "https://torch-images.invalid/build/v1"
 PREDICATE_ANNOTATION = "io.torch-images.predicate-type"
@@ -107,6 +117,36 @@ def provenance_statement(subject: Subject, cell: Cell, builder_version: str) -> 
 def selftest_statement(subject: Subject, report: dict[str, Any]) -> dict[str, Any]:
     """A self-test report as an in-toto statement about the same image."""
     return _statement(subject, SELFTEST, {k: v for k, v in report.items() if k != "table"})
+
+
+def sbom_statement(subject: Subject, predicate_type: str, document: dict[str, Any]) -> dict[str, Any]:
+    """The image's SBOM (CycloneDX, or the same as SPDX) as a statement about it."""
+    return _statement(subject, predicate_type, document)
+
+
+def test_result_statement(subject: Subject, report: dict[str, Any]) -> dict[str, Any]:
+    """The same report as in-toto's standard test result, what policies read: `result` (PASSED,
+    WARNED or FAILED), the checks by outcome, and the full report as the configuration it names
+    by digest (the bytes attached beside it), annotated with its kind (cpu or gpu) and device."""
+    checks = [c for c in report.get("checks", []) if isinstance(c, dict)]
+    by_status = {
+        s: sorted(str(c.get("check")) for c in checks if c.get("status") == s) for s in ("pass", "warn", "fail")
+    }
+    result = (
+        "FAILED" if report.get("status") != "pass" or by_status["fail"] else "WARNED" if by_status["warn"] else "PASSED"
+    )
+    document = reports.document_bytes(report)
+    configuration = {
+        "name": "torch-selftest-report.json",
+        "digest": {"sha256": hashlib.sha256(document).hexdigest()},
+        "mediaType": reports.SELFTEST_TYPE,
+        "annotations": {"kind": smoke.report_kind(report), "device": str(report.get("device"))[:120]},
+    }
+    predicate: dict[str, Any] = {"result": result, "configuration": [configuration]}
+    for status, field in (("pass", "passedTests"), ("warn", "warnedTests"), ("fail", "failedTests")):
+        if by_status[status]:
+            predicate[field] = by_status[status]
+    return _statement(subject, TEST_RESULT, predicate)
 
 
 def _statement(subject: Subject, predicate_type: str, predicate: dict[str, Any]) -> dict[str, Any]:
@@ -215,11 +255,42 @@ def provenance_problem(predicate: dict[str, Any], build_id: str, cell: Cell | No
     return None
 
 
-def sign(statement: dict[str, Any], signer: CryptoSigner) -> bytes:
+def sign(statement: dict[str, Any], signer: CryptoSigner) -> dict[str, Any]:
+    """The statement in a DSSE envelope signed by `signer` (the envelope as a JSON object)."""
     payload = json.dumps(statement, sort_keys=True, separators=(",", ":")).encode()
     envelope = dsse.Envelope(payload=payload, payload_type=PAYLOAD_TYPE, signatures={})
     envelope.sign(signer)
-    return json.dumps(envelope.to_dict(), sort_keys=True).encode()
+    signed: dict[str, Any] = envelope.to_dict()
+    return signed
+
+
+def bundle(statement: dict[str, Any], signer: CryptoSigner) -> bytes:
+    """A Sigstore bundle (v0.3) of the signed statement, for a key: the envelope, and as its
+    verification material the key's hint (base64 of the sha256 of its DER public key), no
+    transparency-log entry (keyless signing would add Rekor's and Fulcio's here)."""
+    public = (
+        serialization.load_pem_public_key(signer.public_key.keyval["public"].encode())
+        if (signer.public_key.keytype != "ed25519")
+        else ed25519.Ed25519PublicKey.from_public_bytes(bytes.fromhex(signer.public_key.keyval["public"]))
+    )
+    der = public.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    document = {
+        "mediaType": BUNDLE_TYPE,
+        "verificationMaterial": {"publicKey": {"hint": base64.b64encode(hashlib.sha256(der).digest()).decode()}},
+        "dsseEnvelope": sign(statement, signer),
+    }
+    return json.dumps(document, sort_keys=True).encode()
+
+
+def envelope_of(document: dict[str, Any], artifact_type: str) -> dict[str, Any]:
+    """The DSSE envelope an attestation artifact carries: a bundle's, or the bare one of the
+    earlier form; UserError (one line) when the artifact is neither."""
+    if artifact_type == ENVELOPE_TYPE:
+        return document
+    envelope = document.get("dsseEnvelope")
+    if document.get("mediaType") != BUNDLE_TYPE or not isinstance(envelope, dict):
+        raise UserError("not a Sigstore bundle with a DSSE envelope")
+    return envelope
 
 
 def pae(payload_type: str, payload: bytes) -> bytes:
@@ -232,7 +303,10 @@ def verify_envelope(document: dict[str, Any], key: SSlibKey) -> dict[str, Any]:
     """The statement inside a DSSE envelope that `key` signed; UserError (one line) otherwise.
     The signature is checked by securesystemslib and, independently, by `cryptography` over PAE."""
     try:
-        envelope = dsse.Envelope.from_dict(copy.deepcopy(document))  # from_dict consumes what it reads
+        document = copy.deepcopy(document)  # from_dict consumes what it reads
+        # Each signature is checked against `key`, whatever key ID it claims (a bundle's claim none).
+        document["signatures"] = [{**s, "keyid": key.keyid} for s in document["signatures"]]
+        envelope = dsse.Envelope.from_dict(document)
     except (KeyError, TypeError, ValueError, AttributeError):
         raise UserError("not a DSSE envelope") from None
     if envelope.payload_type != PAYLOAD_TYPE:
@@ -289,18 +363,25 @@ def builder_version() -> str:
 
 
 def attested(registry: Any, repository: str, digest: str) -> list[dict[str, Any]]:
-    """The attestation envelopes' referrer entries on `digest` (signature unchecked)."""
-    entries: list[dict[str, Any]] = registry.referrers(repository, digest, ENVELOPE_TYPE)
+    """The attestations' referrer entries on `digest`, both forms (signature unchecked)."""
+    entries: list[dict[str, Any]] = []
+    for artifact_type in SIGNED_TYPES:
+        entries += registry.referrers(repository, digest, artifact_type)
     return entries
 
 
 def attach(
     registry: Any, repository: str, subject_manifest: Any, tag: str, statement: dict[str, Any], signer: CryptoSigner
 ) -> str:
-    """Sign `statement` and attach its envelope to the manifest, under `tag` too."""
-    annotations = {PREDICATE_ANNOTATION: str(statement["predicateType"])}
+    """Sign `statement` and attach it as a Sigstore bundle to the manifest, under `tag` too."""
+    predicate_type = str(statement["predicateType"])
+    annotations = {
+        PREDICATE_ANNOTATION: predicate_type,
+        "dev.sigstore.bundle.content": "dsse-envelope",  # what cosign writes and reads
+        "dev.sigstore.bundle.predicateType": predicate_type,
+    }
     digest: str = registry.push_artifact(
-        repository, tag, sign(statement, signer), ENVELOPE_TYPE, annotations, subject_manifest
+        repository, tag, bundle(statement, signer), BUNDLE_TYPE, annotations, subject_manifest
     )
     return digest
 
@@ -314,7 +395,14 @@ def attach_report(
     report: dict[str, Any],
     signer: CryptoSigner,
 ) -> str:
-    """A self-test report as a signed statement about `about`, attached beside the report
-    (`<tag>.selftest.att`, `<tag>.selftest-gpu-<model>.att`)."""
-    tag = f"{reports.artifact_tag(target, report)}.att"[:128]
-    return attach(registry, repository, subject_manifest, tag, selftest_statement(about, report), signer)
+    """A self-test report as two signed statements about `about`, attached beside the report:
+    the full report (`<tag>.selftest.att`, `<tag>.selftest-gpu-<model>.att`), which the gates
+    read, and in-toto's test result naming it by digest (`....result.att`), which policies read.
+    Returns the first's digest."""
+    name = reports.artifact_tag(target, report)
+    attach(
+        registry, repository, subject_manifest, f"{name}.result.att"[:128], test_result_statement(about, report), signer
+    )
+    return attach(
+        registry, repository, subject_manifest, f"{name}.att"[:128], selftest_statement(about, report), signer
+    )

@@ -175,6 +175,18 @@ def attach_attestations(
             if found:
                 provenance.attach_report(registry, repository, subject, item.target, about, found, signer)
                 signed.append(f"{smoke.report_kind(found)} self-test")
+    if provenance.CYCLONEDX not in have:
+        sboms = registry.referrers(repository, item.digest, ARTIFACT_TYPES["sbom"])
+        if sboms:  # the SBOM attached beside the image, signed as CycloneDX and as SPDX 2.3
+            cyclonedx = registry.artifact(repository, str(sboms[0]["digest"]))
+            namespace = f"https://torch-images.invalid/spdx/{item.digest}"
+            for predicate_type, document, name in (
+                (provenance.CYCLONEDX, cyclonedx, "sbom.cdx"),
+                (provenance.SPDX, sbom.spdx_of(cyclonedx, namespace), "sbom.spdx"),
+            ):
+                statement = provenance.sbom_statement(about, predicate_type, document)
+                provenance.attach(registry, repository, subject, f"{item.target}.{name}.att", statement, signer)
+            signed.append("SBOM (CycloneDX, SPDX)")
     if signed:
         report(f"signed and attached {', '.join(signed)} to {item.target} ({item.digest[:19]})")
 

@@ -96,15 +96,20 @@ def artifact_tag(target: str, report: dict[str, Any]) -> str:
     return f"{target}.selftest-gpu-{model}"[:128].rstrip(".-")
 
 
+def document_bytes(report: dict[str, Any]) -> bytes:
+    """The bytes a report is attached as (the table printed on the terminal left out): what a
+    signed test result names by sha256."""
+    return json.dumps({k: v for k, v in report.items() if k != "table"}, sort_keys=True).encode()
+
+
 def attach(
     registry: Registry, repository: str, subject: Manifest, target: str, report: dict[str, Any], build_id: str, tag: str
 ) -> str:
     """Attach one report to `subject`, beside whatever reports it already has."""
-    document = {k: v for k, v in report.items() if k != "table"}
     return registry.push_artifact(
         repository,
         artifact_tag(target, report),
-        json.dumps(document, sort_keys=True).encode(),
+        document_bytes(report),
         SELFTEST_TYPE,
         artifact_annotations(report, build_id, tag),
         subject,

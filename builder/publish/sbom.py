@@ -69,3 +69,48 @@ def build_sbom(
         },
         "components": python_components(lock_paths) + debian_components(engine, image_id, cell),
     }
+
+
+def spdx_of(cyclonedx: dict[str, Any], namespace: str) -> dict[str, Any]:
+    """The same inventory as an SPDX 2.3 document, for the scanners and policies that read SPDX:
+    one package per CycloneDX component (name, version, purl), all described by the document.
+    Nothing is read again: it is the CycloneDX SBOM, written the other way."""
+    found_metadata = cyclonedx.get("metadata")
+    metadata: dict[str, Any] = found_metadata if isinstance(found_metadata, dict) else {}
+    found_image = metadata.get("component")
+    image: dict[str, Any] = found_image if isinstance(found_image, dict) else {}
+    packages = []
+    for number, component in enumerate(c for c in cyclonedx.get("components", []) if isinstance(c, dict)):
+        package: dict[str, Any] = {
+            "SPDXID": f"SPDXRef-Package-{number}",
+            "name": str(component.get("name", "")),
+            "versionInfo": str(component.get("version", "")),
+            "downloadLocation": "NOASSERTION",
+            "filesAnalyzed": False,
+        }
+        if component.get("purl"):
+            package["externalRefs"] = [
+                {
+                    "referenceCategory": "PACKAGE-MANAGER",
+                    "referenceType": "purl",
+                    "referenceLocator": str(component["purl"]),
+                }
+            ]
+        packages.append(package)
+    return {
+        "spdxVersion": "SPDX-2.3",
+        "dataLicense": "CC0-1.0",
+        "SPDXID": "SPDXRef-DOCUMENT",
+        "name": str(image.get("name", "image")),
+        "documentNamespace": namespace,
+        # A fixed date: the document is a function of the SBOM, so one image always gets the same bytes.
+        "creationInfo": {
+            "created": "1970-01-01T00:00:00Z",
+            "creators": ["Tool: torch-images (from its CycloneDX SBOM)"],
+        },
+        "packages": packages,
+        "relationships": [
+            {"spdxElementId": "SPDXRef-DOCUMENT", "relationshipType": "DESCRIBES", "relatedSpdxElement": p["SPDXID"]}
+            for p in packages
+        ],
+    }

@@ -66,7 +66,8 @@ def signed_evidence(
     for entry in provenance.attested(registry, repository, manifest.digest)[: provenance.MAX_ENVELOPES]:
         try:
             document = registry.artifact(repository, str(entry["digest"]), provenance.MAX_ENVELOPE_BYTES)
-            statement = provenance.verify_envelope(document, key)
+            artifact_type = str(entry.get("artifactType", provenance.BUNDLE_TYPE))
+            statement = provenance.verify_envelope(provenance.envelope_of(document, artifact_type), key)
         except UserError:
             evidence.ignored += 1
             continue

@@ -124,7 +124,7 @@ def _verify_image(
     _check_reports([a for a in artifacts if a.artifact_type == reports.SELFTEST_TYPE], found, gpu_gate)
     _check_build_id(artifacts, found, grid)
     if key is not None:
-        envelopes = [a for a in artifacts if a.artifact_type == provenance.ENVELOPE_TYPE]
+        envelopes = [a for a in artifacts if a.artifact_type in provenance.SIGNED_TYPES]
         _check_attestations(envelopes, found, grid, key, gpu_gate)
     return found
 
@@ -264,7 +264,9 @@ def _check_attestations(
     for number, envelope in enumerate(envelopes, 1):
         where = f"attestation {number} ({str(envelope.annotations.get(provenance.PREDICATE_ANNOTATION))[:60]})"
         try:
-            statement = provenance.verify_envelope(envelope.document, key)
+            statement = provenance.verify_envelope(
+                provenance.envelope_of(envelope.document, envelope.artifact_type), key
+            )
         except UserError as error:
             found.problems.append(f"{where}: {error.message}")
             continue
@@ -283,6 +285,21 @@ def _check_attestations(
             kind = "gpu" if smoke.why_not_a_gpu_pass(predicate, found.image_id) is None else "cpu"
             kinds.add(f"{kind} self-test")
             found.lines.append(f"signed {kind} self-test on {str(predicate.get('device'))[:120]}: pass")
+        elif predicate_type in (provenance.CYCLONEDX, provenance.SPDX):
+            components = (
+                predicate.get("components") if predicate_type == provenance.CYCLONEDX else predicate.get("packages")
+            )
+            count = len(components) if isinstance(components, list) else 0
+            found.lines.append(f"signed SBOM ({predicate_type}): {count} components")
+        elif predicate_type == provenance.TEST_RESULT:
+            configuration = predicate.get("configuration")
+            first = configuration[0] if isinstance(configuration, list) and configuration else {}
+            notes = first.get("annotations") if isinstance(first, dict) else None
+            notes = notes if isinstance(notes, dict) else {}
+            found.lines.append(
+                f"signed test result ({provenance.TEST_RESULT}): {str(predicate.get('result'))[:20]}, "
+                f"{str(notes.get('kind'))[:8]} on {str(notes.get('device'))[:120]}"
+            )
     needed = {
         "provenance": "provenance" in kinds,
         "cpu self-test": bool(kinds & {"cpu self-test", "gpu self-test"}),  # a GPU pass is a pass too

@@ -49,6 +49,8 @@ NOT_TRIED = {
     "actions/checkout": "a copy of the tree under test (git's tracked and untracked files), owned by the runner's user",
     "actions/setup-python": "this machine's Python 3.11",
     "actions/cache": "the cache starts empty, as on a first run",
+    "actions/upload-artifact": "the stage step's record of what it pushed stays in the workspace promote shares",
+    "actions/download-artifact": "the promote job reads that record from the shared workspace",
 }
 
 
@@ -112,6 +114,10 @@ def test_the_emitted_github_workflow_runs_as_a_hosted_runner_from_install_to_pro
         "github.actor": "ci",
         "secrets.REGISTRY_USER": "ci",
         "secrets.REGISTRY_PASSWORD": "runner-secret",
+        # The public half, as a repository variable: promote trusts only what the key signed.
+        "vars.TORCH_IMAGES_VERIFY_KEY": signing_key.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode(),
     }
     runner = hosted_runner.Runner(env={**workflow["env"], "GITHUB_REPOSITORY_OWNER": "Acme"})
     log: list[str] = []
@@ -143,7 +149,7 @@ def test_the_emitted_github_workflow_runs_as_a_hosted_runner_from_install_to_pro
     staged = api.manifest("torch", staging.staging_tag(grid, cell, RUN_ID))
     promoted = api.manifest("torch", cell.tag)
     assert staged is not None and promoted is not None and promoted.digest == staged.digest
-    signed = {*publish.ARTIFACT_TYPES.values(), provenance.ENVELOPE_TYPE}  # the job signed with the secret's key
+    signed = {*publish.ARTIFACT_TYPES.values(), provenance.BUNDLE_TYPE}  # the job signed with the secret's key
     assert set(api.attached("torch", staged.digest)) == signed
     image_id = json.loads(staged.body)["config"]["digest"]
     assert image_id == (REPO / "images" / CELL / "image-id").read_text().split()[0]  # the recorded build

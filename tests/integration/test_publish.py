@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -23,6 +24,7 @@ from builder.publish import existing, loopback, provenance, publish, reports, st
 from builder.publish.registry import Manifest, Registry
 from tests import registry_fixtures
 from tests.integration.conftest import BuiltCell, RunningRegistry
+from tests.support import verifiers
 
 pytestmark = pytest.mark.integration
 
@@ -597,3 +599,80 @@ def test_with_the_teams_key_promote_trusts_only_what_it_signed(
     # What the team's key signed about the staged digest opens the gate, and the record keeps it.
     [promoted] = staging.promote(api, grid, [built.cell], "k1", say, records, readme, key=key, staged_record=record)
     assert api.manifest("torch", built.cell.tag).digest == staged.digest == promoted.digest  # type: ignore[union-attr]
+
+
+def test_cosign_and_oras_read_what_a_signed_publish_attached(
+    built: BuiltCell,
+    smoke_result: smoke.SmokeResult,
+    start_registry,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    """Issue 37, with the real verifiers (Debian's cosign 3.1.1 and oras 1.3.3, offline): cosign's
+    `verify-attestation --key` accepts the SLSA provenance, the in-toto test result and the SBOM
+    (CycloneDX and SPDX) a signed publish attached, and refuses them with another key or a
+    flipped byte; `oras discover` lists every artifact with its type."""
+    private, public = _key_files(tmp_path / "team")
+    _, stranger = _key_files(tmp_path / "stranger")
+    running = start_registry()
+    [item] = _publish(built, running, tmp_path, monkeypatch, provenance.load_signer(private))
+    cosign, oras = verifiers.tool("cosign"), verifiers.tool("oras")
+    environment = verifiers.offline_environment(tmp_path / "home")
+    reference = f"{running.host}/torch@{item.digest}"
+
+    def verify_attestation(kind: str, key: Path, image: str = reference) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(cosign), "verify-attestation", "--key", str(key), "--insecure-ignore-tlog", "--type", kind,
+             "--allow-insecure-registry", image],
+            capture_output=True, text=True, env=environment, timeout=120, check=False,
+        )  # fmt: skip
+
+    for kind, predicate_type in (
+        ("slsaprovenance1", provenance.PROVENANCE),
+        (provenance.TEST_RESULT, provenance.TEST_RESULT),
+        ("cyclonedx", provenance.CYCLONEDX),
+        ("spdxjson", provenance.SPDX),
+    ):
+        accepted = verify_attestation(kind, public)
+        assert accepted.returncode == 0, accepted.stderr[-2000:]
+        statements = [
+            json.loads(base64.b64decode(json.loads(line)["payload"])) for line in accepted.stdout.splitlines()
+        ]
+        assert {s["predicateType"] for s in statements} == {predicate_type}
+        assert all(s["subject"][0]["digest"]["sha256"] == item.digest[7:] for s in statements)
+        refused = verify_attestation(kind, stranger)
+        assert refused.returncode != 0 and "signature" in refused.stderr
+    [result] = [json.loads(base64.b64decode(json.loads(line)["payload"]))
+                for line in verify_attestation(provenance.TEST_RESULT, public).stdout.splitlines()]  # fmt: skip
+    assert result["predicate"]["result"] in ("PASSED", "WARNED") and "sdpa" in result["predicate"]["passedTests"]
+
+    # One flipped byte: the same image under another digest, carrying only a changed copy of the
+    # provenance bundle.
+    api = running.api()
+    subject = api.manifest("torch", item.digest)
+    assert subject is not None
+    other = Manifest.of(
+        json.dumps({**json.loads(subject.body), "annotations": {"copy": "1"}}).encode(), subject.media_type
+    )
+    api.put_manifest("torch", "copy", other)
+    good = api.artifact("torch", api.manifest("torch", f"{built.cell.tag}.provenance").digest)  # type: ignore[union-attr]
+    payload = bytearray(base64.b64decode(good["dsseEnvelope"]["payload"]))
+    payload[payload.index(item.digest[7:].encode())] ^= 1
+    flipped = {**good, "dsseEnvelope": {**good["dsseEnvelope"], "payload": base64.b64encode(bytes(payload)).decode()}}
+    annotations = {
+        "dev.sigstore.bundle.content": "dsse-envelope",
+        "dev.sigstore.bundle.predicateType": provenance.PROVENANCE,
+    }
+    api.push_artifact("torch", "copy.att", json.dumps(flipped).encode(), provenance.BUNDLE_TYPE, annotations, other)
+    broken = verify_attestation("slsaprovenance1", public, f"{running.host}/torch@{other.digest}")
+    assert broken.returncode != 0
+
+    listed = subprocess.run(
+        [str(oras), "discover", "--plain-http", "--format", "json", reference],
+        capture_output=True, text=True, env=environment, timeout=60, check=False,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    types = [entry["artifactType"] for entry in json.loads(listed.stdout).get("referrers", [])]
+    # provenance, the report and its test result, the SBOM as CycloneDX and as SPDX
+    assert types.count(provenance.BUNDLE_TYPE) == 5
+    assert publish.ARTIFACT_TYPES["sbom"] in types and publish.ARTIFACT_TYPES["selftest"] in types

@@ -18,7 +18,7 @@ from securesystemslib.signer import CryptoSigner
 
 from builder.errors import UserError
 from builder.plan.matrix import load_matrix
-from builder.publish import provenance, trust
+from builder.publish import provenance, reports, trust
 
 REPO = Path(__file__).resolve().parents[2]
 CELL = "2.13.0-cpu-bookworm-runtime"
@@ -56,7 +56,7 @@ def test_a_signed_statement_verifies_with_its_key_through_both_verifiers(
     generate: Any, statement: dict[str, Any]
 ) -> None:
     signer = generate()
-    envelope = json.loads(provenance.sign(statement, signer))
+    envelope = provenance.sign(statement, signer)
     assert provenance.verify_envelope(envelope, signer.public_key) == statement
     assert "sig" in envelope["signatures"][0]  # verifying read the envelope without consuming it
     parsed = dsse.Envelope.from_dict(envelope)
@@ -70,7 +70,7 @@ def test_a_flipped_byte_a_wrong_key_or_a_forged_signature_fails_in_one_line(
     generate: Any, statement: dict[str, Any]
 ) -> None:
     signer, other = generate(), generate()
-    envelope = json.loads(provenance.sign(statement, signer))
+    envelope = provenance.sign(statement, signer)
     payload = bytearray(base64.b64decode(envelope["payload"]))
     payload[payload.index(b"a" * 64)] ^= 1  # one bit of the subject's digest
     flipped = {**envelope, "payload": base64.b64encode(bytes(payload)).decode()}
@@ -88,7 +88,7 @@ def test_a_flipped_byte_a_wrong_key_or_a_forged_signature_fails_in_one_line(
 def test_the_second_verifier_refuses_on_its_own_a_signature_over_the_bare_payload(statement: dict[str, Any]) -> None:
     key = ed25519.Ed25519PrivateKey.generate()
     signer = CryptoSigner(key)
-    parsed = dsse.Envelope.from_dict(json.loads(provenance.sign(statement, signer)))
+    parsed = dsse.Envelope.from_dict(provenance.sign(statement, signer))
     [entry] = parsed.signatures.values()
     entry.signature = key.sign(parsed.payload).hex()  # signed, but not over DSSE's encoding
     assert not provenance._independently_signed(parsed, signer.public_key)
@@ -188,3 +188,39 @@ def test_an_envelope_whose_payload_type_is_not_a_string_is_one_line(payload_type
     key = CryptoSigner.generate_ed25519().public_key
     with pytest.raises(UserError, match="not an in-toto statement"):
         provenance.verify_envelope({"payload": "e30=", "payloadType": payload_type, "signatures": []}, key)
+
+
+@pytest.mark.parametrize("generate", GENERATORS)
+def test_a_statement_is_attached_as_a_sigstore_bundle_that_verifies_with_its_key(
+    generate: Any, statement: dict[str, Any]
+) -> None:
+    """The form cosign 3 reads (issue 37): a v0.3 bundle holding the envelope, the key as a hint."""
+    signer, other = generate(), generate()
+    document = json.loads(provenance.bundle(statement, signer))
+    assert document["mediaType"] == provenance.BUNDLE_TYPE
+    assert len(base64.b64decode(document["verificationMaterial"]["publicKey"]["hint"])) == 32
+    envelope = provenance.envelope_of(document, provenance.BUNDLE_TYPE)
+    assert provenance.verify_envelope(envelope, signer.public_key) == statement
+    with pytest.raises(UserError, match="does not verify with the given key"):
+        provenance.verify_envelope(envelope, other.public_key)
+    with pytest.raises(UserError, match="not a Sigstore bundle"):
+        provenance.envelope_of({"mediaType": "x", "dsseEnvelope": envelope}, provenance.BUNDLE_TYPE)
+
+
+def test_a_report_becomes_in_totos_test_result_naming_the_attached_report_by_digest() -> None:
+    checks = [{"check": "cpu", "status": "warn"}, {"check": "sdpa", "status": "pass"}, {"check": "x", "status": "skip"}]
+    report = {"status": "pass", "image_id": SUBJECT.image_id, "device": "cpu", "checks": checks, "table": "t"}
+    statement = provenance.test_result_statement(SUBJECT, report)
+    predicate = statement["predicate"]
+    assert statement["predicateType"] == "https://in-toto.io/attestation/test-result/v0.1"
+    assert (
+        predicate["result"] == "WARNED" and predicate["passedTests"] == ["sdpa"] and predicate["warnedTests"] == ["cpu"]
+    )
+    [configuration] = predicate["configuration"]
+    assert configuration["digest"]["sha256"] == hashlib.sha256(reports.document_bytes(report)).hexdigest()
+    assert configuration["annotations"] == {"kind": "cpu", "device": "cpu"}
+    failed = {**report, "status": "fail", "checks": [*checks, {"check": "amp", "status": "fail"}]}
+    assert provenance.test_result_statement(SUBJECT, failed)["predicate"]["failedTests"] == ["amp"]
+    assert provenance.test_result_statement(SUBJECT, failed)["predicate"]["result"] == "FAILED"
+    clean = {**report, "checks": [{"check": "sdpa", "status": "pass"}]}
+    assert provenance.test_result_statement(SUBJECT, clean)["predicate"]["result"] == "PASSED"

@@ -105,3 +105,21 @@ def test_a_staged_record_that_is_not_one_is_refused_in_one_line(tmp_path: Path, 
         staging.read_staged(tmp_path, "u.staging-1")
     (tmp_path / "t.staging-1.json").write_text('{"tag": "t.staging-1", "digest": "sha256:' + "b" * 64 + '"}')
     assert staging.read_staged(tmp_path, "t.staging-1") == "sha256:" + "b" * 64
+
+
+def test_the_spdx_form_of_the_sbom_lists_each_component_with_its_purl() -> None:
+    from builder.publish import sbom
+
+    cyclonedx = {
+        "metadata": {"component": {"name": "torch:2.13.0-cpu"}},
+        "components": [
+            {"name": "jinja2", "version": "3.1.6", "purl": "pkg:pypi/jinja2@3.1.6"},
+            {"name": "libc6", "version": "2.36-9", "purl": "pkg:deb/debian/libc6@2.36-9?arch=amd64"},
+        ],
+    }
+    document = sbom.spdx_of(cyclonedx, "https://torch-images.invalid/spdx/sha256:x")
+    assert document["spdxVersion"] == "SPDX-2.3" and document["name"] == "torch:2.13.0-cpu"
+    assert [(p["name"], p["versionInfo"], p["externalRefs"][0]["referenceLocator"]) for p in document["packages"]] == [
+        ("jinja2", "3.1.6", "pkg:pypi/jinja2@3.1.6"), ("libc6", "2.36-9", "pkg:deb/debian/libc6@2.36-9?arch=amd64"),
+    ]  # fmt: skip
+    assert len(document["relationships"]) == 2 and sbom.spdx_of(cyclonedx, "n") == sbom.spdx_of(cyclonedx, "n")

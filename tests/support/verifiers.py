@@ -1,0 +1,63 @@
+"""The verifiers platform teams run, for the tests: Debian's cosign and oras packages, fetched
+from deb.debian.org by their pinned sha256 into the builder's cache and unpacked (not installed).
+
+They run offline: every connection they would make elsewhere (cosign asks Sigstore's TUF
+repository for its trust root) goes to a proxy on a closed loopback port, so nothing leaves the
+machine, and the loopback registry is reached directly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import urllib.request
+from pathlib import Path
+
+from builder import paths
+
+MIRROR = "http://deb.debian.org/debian"
+# Debian sid, as of 2026-12-05: (pool path, sha256).
+DEBS = {
+    "cosign": ("pool/main/c/cosign/cosign_3.1.1-2_amd64.deb",
+               "d8622ebffce1d69197288fc030ff06a4c247af5507107f85c5a878870b686b23"),
+    "oras": ("pool/main/o/oras/oras_1.3.3-1_amd64.deb",
+             "474f8451e880a64d7daed412baa52febd1c7d988ed778eadac00bdcbdad53af4"),
+}  # fmt: skip
+
+
+def _root() -> Path:
+    return paths.cache_dir("verifiers")
+
+
+def tool(name: str) -> Path:
+    """The unpacked binary (fetched and checked the first time)."""
+    pool_path, sha256 = DEBS[name]
+    deb = _root() / Path(pool_path).name
+    if not deb.is_file() or hashlib.sha256(deb.read_bytes()).hexdigest() != sha256:
+        partial = deb.with_suffix(".partial")
+        urllib.request.urlretrieve(f"{MIRROR}/{pool_path}", partial)
+        actual = hashlib.sha256(partial.read_bytes()).hexdigest()
+        if actual != sha256:
+            partial.unlink()
+            raise RuntimeError(f"{pool_path}: sha256 {actual}, pinned {sha256}")
+        partial.rename(deb)
+    unpacked = _root() / f"{name}-{sha256[:12]}"
+    binary = unpacked / "usr" / "bin" / name
+    if not binary.is_file():
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(unpacked)], check=True)
+    return binary
+
+
+def offline_environment(home: Path) -> dict[str, str]:
+    """An environment in which the tools reach loopback only, with a home of their own."""
+    home.mkdir(parents=True, exist_ok=True)
+    closed = "http://127.0.0.1:9"  # the discard port: nothing listens, every connection is refused
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "HTTPS_PROXY": closed,
+        "HTTP_PROXY": closed,
+        "NO_PROXY": "127.0.0.1,localhost",
+        "COSIGN_PASSWORD": "",
+    }
