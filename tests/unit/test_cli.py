@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from rich.console import Console
 
 from builder import cli
@@ -159,3 +160,18 @@ def test_a_trust_key_where_nothing_reads_registry_reports_is_refused_before_anyt
     result = _builder("publish", "--stage", "--key", str(tmp_path / "team.pub"))
     assert result.returncode == 2 and "--key: only --promote and --gpu-test read reports" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_front_door_ci_output_cells_after_options_and_update_without_security(tmp_path: Path) -> None:
+    """Issue 39: `--output` into a folder a fresh checkout lacks gave a traceback; cells after an
+    option gave the top-level usage; `update CELL` silently relocked every cell."""
+    target = tmp_path / ".github" / "workflows" / "torch-images.yml"
+    written = _builder("ci", "github", "--output", str(target))
+    assert written.returncode == 0 and target.is_file() and "Traceback" not in written.stderr
+    after = _builder("ci", "github", "--registry", "127.0.0.1:5000/torch", "2.13.0-cpu-bookworm-runtime")
+    assert after.returncode == 0, after.stderr
+    jobs = yaml.safe_load(after.stdout)["jobs"]["cell"]["strategy"]["matrix"]["include"]
+    assert [job["cell"] for job in jobs] == ["2.13.0-cpu-bookworm-runtime"]
+    refused = _builder("update", "2.13.0-cpu-bookworm-runtime")
+    assert refused.returncode == 2 and "cells and --osv go with --security" in refused.stderr
+    assert _builder("plan", "--bogus").returncode == 2
