@@ -12,9 +12,25 @@ nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
 
 
+# The builder's dependencies, pinned with their sha256 (`nox -s lock_builder` writes them from
+# pyproject.toml): a newer release on PyPI changes no image, digest or zstd blob until the lock moves.
+BUILDER_LOCK = "requirements/builder.lock"
+DEV_LOCK = "requirements/dev.lock"  # the same, with the test and lint extras
+
+
 def _install(session: nox.Session, *extras: str) -> None:
-    spec = f".[{','.join(extras)}]" if extras else "."
-    session.install("-e", spec)
+    session.install("--require-hashes", "-r", DEV_LOCK if extras else BUILDER_LOCK)
+    session.install("--no-deps", "-e", ".")
+
+
+@nox.session
+def lock_builder(session: nox.Session) -> None:
+    """Write requirements/*.lock from pyproject.toml (after changing its dependencies); needs PyPI."""
+    session.install("--require-hashes", "-r", BUILDER_LOCK)  # uv is one of the builder's dependencies
+    common = ["uv", "pip", "compile", "--universal", "--python-version", "3.10", "--generate-hashes", "--no-header"]
+    session.run(*common, "pyproject.toml", "-o", BUILDER_LOCK)
+    session.run(*common, "pyproject.toml", "--extra", "test", "--extra", "lint", "-o", DEV_LOCK)
+    session.run(*common, "requirements/nox.in", "-o", "requirements/nox.lock")
 
 
 def _ensure_engine(session: nox.Session) -> None:

@@ -274,10 +274,14 @@ def bundle(statement: dict[str, Any], signer: CryptoSigner) -> bytes:
         else ed25519.Ed25519PublicKey.from_public_bytes(bytes.fromhex(signer.public_key.keyval["public"]))
     )
     der = public.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    envelope = sign(statement, signer)
+    # No key ID in the signatures: securesystemslib's own IDs mean nothing to other verifiers, and
+    # cosign skips a signature whose key ID is not the one it computes (the hint names the key).
+    envelope["signatures"] = [{"sig": s["sig"]} for s in envelope["signatures"]]
     document = {
         "mediaType": BUNDLE_TYPE,
         "verificationMaterial": {"publicKey": {"hint": base64.b64encode(hashlib.sha256(der).digest()).decode()}},
-        "dsseEnvelope": sign(statement, signer),
+        "dsseEnvelope": envelope,
     }
     return json.dumps(document, sort_keys=True).encode()
 

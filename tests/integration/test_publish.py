@@ -487,7 +487,8 @@ def test_a_signed_publish_verifies_with_its_key_and_every_tampering_fails_in_one
     assert "verified (signed: each attestation above was checked against the key" in out and str(public) in out
     assert "signed provenance: 2 locks match this checkout" in out and "signed cpu self-test on cpu: pass" in out
     code, out = verify_with(stranger)
-    assert code == 1 and out.count("its signature does not verify with the given key") == 2
+    # provenance, the report and its test result, the SBOM as CycloneDX and as SPDX
+    assert code == 1 and out.count("its signature does not verify with the given key") == 5
     assert "no signed provenance attestation from the given key" in out
 
     # The same statement with one byte of its payload flipped, attached beside the good one.
@@ -495,10 +496,13 @@ def test_a_signed_publish_verifies_with_its_key_and_every_tampering_fails_in_one
     subject = api.manifest("torch", built.cell.tag)
     assert subject is not None
     good = api.artifact("torch", api.manifest("torch", f"{built.cell.tag}.provenance").digest)  # type: ignore[union-attr]
-    payload = bytearray(base64.b64decode(good["payload"]))
+    payload = bytearray(base64.b64decode(good["dsseEnvelope"]["payload"]))
     payload[payload.index(b'"buildId"') + 12] ^= 1
-    flipped = json.dumps({**good, "payload": base64.b64encode(bytes(payload)).decode()}).encode()
-    api.push_artifact("torch", "flipped.att", flipped, provenance.ENVELOPE_TYPE, {}, subject)
+    envelope = {**good["dsseEnvelope"], "payload": base64.b64encode(bytes(payload)).decode()}
+    flipped = json.dumps({**good, "dsseEnvelope": envelope}).encode()
+    api.push_artifact("torch", "flipped.att", flipped, provenance.BUNDLE_TYPE, {}, subject)
+    # The same, in the bare-envelope form images signed before the bundles carry.
+    api.push_artifact("torch", "flipped-bare.att", json.dumps(envelope).encode(), provenance.ENVELOPE_TYPE, {}, subject)
     # A statement the team's key did sign, about another digest, attached to this one.
     signer = provenance.load_signer(private)
     assert signer is not None
@@ -508,7 +512,7 @@ def test_a_signed_publish_verifies_with_its_key_and_every_tampering_fails_in_one
     )
     code, out = verify_with(public)
     assert code == 1
-    assert "its signature does not verify with the given key" in out  # the flipped byte
+    assert out.count("its signature does not verify with the given key") == 2  # the flipped byte, both forms
     assert "signed, but about another digest or image" in out
 
     # A checkout whose lock is not the one the provenance names.

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,3 +40,29 @@ def test_an_installed_builder_plans_and_checks_the_repository_from_another_direc
         capture_output=True, text=True, cwd=elsewhere, env=env, check=True,
     ).stdout.split()  # fmt: skip
     assert located == [str(target / "builder" / "_templates"), str(target / "builder" / "_image" / "selftest.py")]
+
+
+def test_the_builders_dependencies_are_locked_with_hashes_and_the_locks_match_pyproject() -> None:
+    """Issues 35 and 39: the sessions (and so CI) install the builder's dependencies from these
+    locks with --require-hashes; each dependency pyproject.toml declares is pinned there at a
+    version its specifier allows. `nox -s lock_builder` writes them again."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 and later
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    for lock, wanted in (
+        ("builder.lock", project["dependencies"]),
+        ("dev.lock", [*project["dependencies"], *extras["test"], *extras["lint"]]),
+    ):
+        text = (REPO / "requirements" / lock).read_text()
+        pins = dict(re.findall(r"^([A-Za-z0-9._-]+)==([^ ;\\]+)", text, re.M))
+        pins = {name.lower().replace("_", "-"): version for name, version in pins.items()}
+        for line in wanted:
+            requirement = Requirement(line)
+            name = requirement.name.lower().replace("_", "-")
+            assert name in pins, f"{lock} does not pin {name}; run `./nox -s lock_builder`"
+            assert requirement.specifier.contains(pins[name], prereleases=True), f"{lock}: {name}=={pins[name]}"
+        entries = re.split(r"\n(?=[A-Za-z0-9])", text.strip())
+        assert entries and all("--hash=sha256:" in entry for entry in entries if "==" in entry), lock
+    assert "--require-hashes -r requirements/nox.lock" in (REPO / "nox").read_text()

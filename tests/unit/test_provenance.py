@@ -199,6 +199,7 @@ def test_a_statement_is_attached_as_a_sigstore_bundle_that_verifies_with_its_key
     document = json.loads(provenance.bundle(statement, signer))
     assert document["mediaType"] == provenance.BUNDLE_TYPE
     assert len(base64.b64decode(document["verificationMaterial"]["publicKey"]["hint"])) == 32
+    assert all(set(s) == {"sig"} for s in document["dsseEnvelope"]["signatures"])  # no key ID cosign would trip on
     envelope = provenance.envelope_of(document, provenance.BUNDLE_TYPE)
     assert provenance.verify_envelope(envelope, signer.public_key) == statement
     with pytest.raises(UserError, match="does not verify with the given key"):
