@@ -259,12 +259,15 @@ def push_zstd(
     source: Publication,
     form: Publication,
     report: Report,
+    signing: bool = False,
 ) -> None:
     """The zstd form of `source` (already in the registry) under `form.target`: compressed and
-    uploaded by the builder (the engine here pushes gzip only), the config blob the same."""
+    uploaded by the builder (the engine here pushes gzip only), the config blob the same. When
+    what is pushed will be signed, neither the zstd cache nor the tag's current manifest is taken
+    on trust: the form is made here again, and is `unchanged` only if its digest is the tag's."""
     repository = grid.spec.repository
     current = registry.manifest(repository, form.target)
-    if current is not None and recompress.is_zstd_form(current, form.image_id):
+    if not signing and current is not None and recompress.is_zstd_form(current, form.image_id):
         form.digest, form.unchanged = current.digest, True
         return
     gzip_form = registry.manifest(repository, source.digest)
@@ -272,7 +275,10 @@ def push_zstd(
         raise UserError(f"{repository}@{source.digest} is not in {registry.host}; its zstd form not pushed")
     level = grid.spec.publish.zstd_level
     report(f"pushing {grid.spec.registry}/{repository}:{form.target} (zstd level {level})")
-    manifest = recompress.push_zstd_form(engine, registry, repository, gzip_form, level, report)
+    manifest = recompress.push_zstd_form(engine, registry, repository, gzip_form, level, report, not signing)
+    if current is not None and current.digest == manifest.digest:
+        form.digest, form.unchanged = current.digest, True
+        return
     registry.put_manifest(repository, form.target, manifest)
     form.digest = manifest.digest
 
@@ -283,7 +289,12 @@ def compressions(grid: Matrix) -> list[str]:
 
 
 def push_forms(
-    engine: docker.DockerClient, registry: Registry, grid: Matrix, items: list[Publication], report: Report
+    engine: docker.DockerClient,
+    registry: Registry,
+    grid: Matrix,
+    items: list[Publication],
+    report: Report,
+    signing: bool = False,
 ) -> list[Publication]:
     """Each image through the engine (gzip), then, where the matrix asks for zstd, its zstd form;
     returns every form pushed, gzip first."""
@@ -291,7 +302,7 @@ def push_forms(
     for item in items:
         push_image(engine, registry, grid, item, report)
     for item, form in zip(items, forms, strict=False):
-        push_zstd(engine, registry, grid, item, form, report)
+        push_zstd(engine, registry, grid, item, form, report, signing)
     return [*items, *forms]
 
 
@@ -314,7 +325,7 @@ def publish(
     gated = gate(engine, grid, cells)
     registry = Registry.for_publishing(grid.spec.registry, ca_file, insecure)
     registry.check()
-    items = push_forms(engine, registry, grid, gated, report)
+    items = push_forms(engine, registry, grid, gated, report, signing=signer is not None)
     for item in items:
         attach_missing(engine, registry, grid, item, report)
         if signer is not None:

@@ -165,15 +165,21 @@ def push_zstd_form(
     gzip_form: Manifest,
     level: int,
     report: Report,
+    trust_cache: bool = True,
 ) -> Manifest:
     """Upload the zstd form of the image `gzip_form` names (the engine's push, already in the
     registry) and return its manifest, not yet under any tag. Layers whose zstd blob the cache
-    knows and the registry holds are neither read nor compressed again."""
+    knows and the registry holds are neither read nor compressed again; with `trust_cache` off
+    (a publish that signs what it pushes) every layer is compressed here again, since a changed
+    cache entry would name a blob nobody read, and only blobs the registry lacks are uploaded."""
     config = dict(json.loads(gzip_form.body)["config"])
     image_id = str(config["digest"])
     in_engine = ids.engine_id(engine, image_id)
     diff_ids: list[str] = engine.images.get(in_engine).attrs["RootFS"]["Layers"]
-    known = {d: b for d in set(diff_ids) if (b := _remembered(level, d)) and registry.has_blob(repository, b.digest)}
+    known = {
+        d: b for d in set(diff_ids)
+        if trust_cache and (b := _remembered(level, d)) and registry.has_blob(repository, b.digest)
+    }  # fmt: skip
     if len(known) < len(set(diff_ids)):
         known |= _compress_and_upload(
             engine, registry, repository, in_engine, set(diff_ids) - set(known), level, report
@@ -201,7 +207,8 @@ def _compress_and_upload(
             with path.open("wb") as sink:
                 diff_id, blob = compress_layer(handle, size, level, sink)
             if diff_id in wanted and diff_id not in found:
-                registry.upload_blob_file(repository, path, blob.digest)
+                if not registry.has_blob(repository, blob.digest):
+                    registry.upload_blob_file(repository, path, blob.digest)
                 _remember(level, diff_id, blob)
                 found[diff_id] = blob
                 report(f"zstd layer {diff_id[7:19]}: {size / 1e6:.0f} MB -> {blob.size / 1e6:.0f} MB")

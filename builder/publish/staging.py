@@ -102,7 +102,8 @@ def stage(
     gated = publish.gate(engine, grid, local)
     for item in gated:
         item.staging_tag = staging_tag(grid, item.cell, run)
-    items = publish.push_forms(engine, registry, grid, gated, report)  # and the zstd forms, where asked
+    # and the zstd forms, where asked (made again, not taken from the cache, when they will be signed)
+    items = publish.push_forms(engine, registry, grid, gated, report, signing=signer is not None)
     for item in items:
         publish.attach_missing(engine, registry, grid, item, report)
         if signer is not None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import docker.errors
 import pytest
+from securesystemslib.signer import CryptoSigner
 
 from builder.assemble import smoke
 from builder.engine import containerd
@@ -30,12 +31,14 @@ def _zstd_grid(built: BuiltCell, registry: RunningRegistry) -> Matrix:
     return Matrix(grid.path, spec, grid.cells, grid.rejected)
 
 
-def _publish_zstd(built: BuiltCell, registry: RunningRegistry, tmp_path: Path) -> list[publish.Publication]:
+def _publish_zstd(
+    built: BuiltCell, registry: RunningRegistry, tmp_path: Path, signer: CryptoSigner | None = None
+) -> list[publish.Publication]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n{publish.TABLE_START}\n{publish.TABLE_END}\n")
     return publish.publish(built.client, _zstd_grid(built, registry), [built.cell], lambda _: None,
-                           tmp_path / "records", readme)  # fmt: skip
+                           tmp_path / "records", readme, signer=signer)  # fmt: skip
 
 
 def _empty_zstd_cache(monkeypatch: pytest.MonkeyPatch, where: Path) -> None:
@@ -110,6 +113,21 @@ def test_zstd_form_is_the_same_image_containerd_pulls_it_and_its_bytes_reproduce
     # A rerun to the first registry finds the zstd form there and compresses nothing.
     [*_, unchanged] = _publish_zstd(built, registry, tmp_path / "third")
     assert unchanged.unchanged and unchanged.digest == zstd_form.digest
+
+    # A cache entry changed to name another blob the registry holds (issue 35): a publish that
+    # signs takes neither the cache nor the tag's manifest on trust, and pushes the right form.
+    entry = next((tmp_path / "cache-2").rglob("*.json"))
+    other_api = other.api()
+    other_gzip = other_api.manifest("torch", built.cell.tag)
+    assert other_gzip is not None
+    elsewhere = json.loads(other_gzip.body)["layers"][0]  # a blob that registry does hold
+    entry.write_text(json.dumps({"digest": elsewhere["digest"], "size": elsewhere["size"]}))
+    level = built.grid.spec.publish.zstd_level
+    fooled = recompress.push_zstd_form(built.client, other_api, "torch", other_gzip, level, lambda _: None)
+    assert fooled.digest != zstd_form.digest  # the unchecked cache makes a form that would not unpack
+    signer = CryptoSigner.generate_ed25519()
+    [*_, signed] = _publish_zstd(built, other, tmp_path / "fourth", signer)
+    assert signed.digest == zstd_form.digest
 
 
 @pytest.fixture(autouse=True)
