@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from builder.commands.common import Register, console, grid_of
+from builder.config import vex
 from builder.lock import audit
 from builder.publish.publish import markdown_text
 from builder.terminal import SafeConsole, printable
@@ -22,7 +23,8 @@ def add(register: Register) -> None:
         "list the cells' locked packages that a security fix has since replaced (Debian) or that an advisory names",
         "Debian packages against each base's security archive, read from its signed index (a stale index, past its "
         "Valid-Until, is refused); Python packages against OSV records given with --osv DIR. Exits 1 when a "
-        "finding is at or above --fail-on. Needs the distro mirrors; no engine.",
+        "finding is at or above --fail-on, unless vex.yaml beside the matrix records it as reviewed and not "
+        "affecting the cell (listed, with the reason). Needs the distro mirrors; no engine.",
     )
     audit_cmd.add_argument("cells", nargs="*", help="cells to audit (default: every buildable cell)")
     audit_cmd.add_argument("--osv", type=Path, metavar="DIR", help="a folder of OSV records (osv.dev's PyPI export)")
@@ -47,13 +49,20 @@ def run(args: argparse.Namespace) -> int:
     grid = grid_of(args)
     cells = grid.select(args.cells) if args.cells else grid.cells
     advisories = audit.read_osv(args.osv, _warn) if args.osv else []
-    findings = audit.findings_of(cells, advisories)
+    findings = audit.findings_of(cells, advisories, vex.load(grid.path))
     if args.markdown:
         print(_markdown(findings, len(cells), bool(args.osv)))
     else:
         _print(findings, args.json, len(cells), bool(args.osv))
-    failing = [f for f in findings if audit.rank(f.severity) >= audit.rank(args.fail_on)]
+    # A finding vex.yaml's reviewed decision covers is listed, with its reason, and does not fail.
+    failing = [f for f in findings if not f.not_affected and audit.rank(f.severity) >= audit.rank(args.fail_on)]
     return 1 if failing else 0
+
+
+def _needs(finding: audit.Finding) -> str:
+    if finding.not_affected:
+        return f"nothing: not affected ({finding.not_affected}, vex.yaml)"
+    return finding.needs or "-"
 
 
 def _print(findings: list[audit.Finding], as_json: bool, cells: int, python: bool) -> None:
@@ -70,7 +79,7 @@ def _print(findings: list[audit.Finding], as_json: bool, cells: int, python: boo
             f.fixed or "-",
             f.advisory,
             f.severity,
-            f.needs or "-",
+            _needs(f),
         )
         table.add_row(*(Text(printable(str(value))) for value in row))
     if findings:
@@ -97,7 +106,7 @@ def _markdown(findings: list[audit.Finding], cells: int, python: bool) -> str:
                 f.fixed or "-",
                 f.advisory,
                 f.severity,
-                f.needs or "-",
+                _needs(f),
             )
             lines.append("| " + " | ".join(markdown_text(value) for value in row) + " |")
     return "\n".join(lines)

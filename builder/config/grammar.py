@@ -82,6 +82,10 @@ REQUIREMENT = Grammar(r"[A-Za-z0-9_.\[\]{}~=<>!,-]+", "a requirement such as num
 PACKAGE_PATTERN = Grammar(r"[a-z0-9*][a-z0-9.*_-]*", "a package name pattern such as nvidia-*")
 PRUNE_PATH = Grammar(r"(?!/)(?!.*(^|/)\.\.(/|$))[A-Za-z0-9_.*/+-]+", "a path under site-packages such as triton/x")
 DPKG_PATH = Grammar(r"/(?!.*(^|/)\.\.(/|$))[A-Za-z0-9_.*/+-]+", "an absolute path glob such as /usr/share/doc/*")
+VULNERABILITY = Grammar(r"[A-Za-z][A-Za-z0-9]*-[A-Za-z0-9._:-]{2,80}", "an advisory ID such as CVE-2025-1234")
+CELL_PATTERN = Grammar(r"[a-z0-9*?][a-z0-9.*?_-]{0,127}", "a cell name or pattern such as 2.13.0-*")
+# One line of plain text: it reaches scanners' reports, pull requests and terminals.
+IMPACT = Grammar(r"[^\x00-\x1f\x7f-\x9f]{10,500}", "one line of 10 to 500 plain characters: why it does not apply")
 REASON = Grammar(r"\s*\S[\s\S]*", "a reason (why: what the entry is for)")
 PLATFORM = Grammar(r"linux/(amd64|arm64)", 'a platform: "linux/amd64" or "linux/arm64"')
 SHA256 = Grammar(r"[0-9a-f]{64}", "64 lower-case hex digits")

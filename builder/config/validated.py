@@ -30,7 +30,8 @@ HINTS = {
         grammar.VERSION, grammar.CUDA, grammar.NAME, grammar.DIGEST, grammar.URL, grammar.LOOPBACK,
         grammar.REGISTRY, grammar.REPOSITORY, grammar.RELATIVE_DIR, grammar.FIND_LINKS, grammar.SIZE,
         grammar.SHA256, grammar.DEBIAN_PACKAGE, grammar.PLATFORM, grammar.REQUIREMENT,
-        grammar.PACKAGE_PATTERN, grammar.PRUNE_PATH, grammar.DPKG_PATH, grammar.REASON,
+        grammar.PACKAGE_PATTERN, grammar.PRUNE_PATH, grammar.DPKG_PATH, grammar.REASON, grammar.VULNERABILITY,
+        grammar.CELL_PATTERN, grammar.IMPACT,
     )
 }  # fmt: skip
 Version = Annotated[str, field(grammar.VERSION)]

@@ -160,7 +160,7 @@ def load(path: Path, hint: str = "pass --matrix PATH to a matrix file") -> tuple
         line = mark.line + 1 if mark else None
         raise UserError(f"malformed YAML: {error.problem or error}", Location(path, line)) from None
     except yaml.YAMLError as error:  # reader errors (control characters) carry no mark
-        raise UserError(f"malformed YAML: {error}", path) from None
+        raise UserError(f"malformed YAML: {' '.join(str(error).split())}", path) from None
     if node is None:
         raise UserError("the file is empty; docs/custom-images.md says what a matrix holds", path)
     return _walk(node, (), source), source

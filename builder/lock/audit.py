@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from packaging.version import InvalidVersion
 from packaging.version import Version as PythonVersion
 
 from builder import confined
+from builder.config import vex
 from builder.errors import UserError
 from builder.facts import pypi
 from builder.lock import aptindex, header
@@ -57,6 +58,7 @@ class Finding:
     advisory: str  # the advisory's id, or the security suite the fix is in
     severity: str  # one of SEVERITIES
     needs: str = ""  # what must move with it ("a new torch" for a package torch pins exactly)
+    not_affected: str = ""  # vex.yaml's justification, where the team decided it does not apply
 
     def row(self) -> dict[str, str]:
         return asdict(self)
@@ -383,12 +385,20 @@ class SecurityArchives:
         return found
 
 
-def findings_of(cells: list[Cell], advisories: list[Advisory]) -> list[Finding]:
-    """`audit`: every cell's Debian findings (against its security archive) and Python ones."""
+def findings_of(
+    cells: list[Cell], advisories: list[Advisory], decisions: tuple[vex.Decision, ...] = ()
+) -> list[Finding]:
+    """`audit`: every cell's Debian findings (against its security archive) and Python ones,
+    each marked with vex.yaml's justification where a reviewed decision covers it."""
     archives, found = SecurityArchives(), []
     for cell in cells:
         lock_file = cell.file("debian.lock")
         if lock_file.exists():
             found += debian_findings(cell, DebianLock.read(lock_file), archives.of(cell))
         found += python_findings(cell, advisories)
-    return found
+    return [with_decision(f, decisions) for f in found]
+
+
+def with_decision(finding: Finding, decisions: tuple[vex.Decision, ...]) -> Finding:
+    decision = next((d for d in decisions if d.covers(finding.cell, finding.package, finding.advisory)), None)
+    return replace(finding, not_affected=decision.justification) if decision else finding

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import datetime
 import hashlib
 import json
 import os
@@ -37,6 +38,7 @@ from securesystemslib.signer import CryptoSigner, SSlibKey
 
 from builder import digests, jsonread, paths
 from builder.assemble import smoke
+from builder.config import vex
 from builder.errors import UserError
 from builder.plan.cell import Cell
 from builder.publish import reports
@@ -52,6 +54,7 @@ PROVENANCE = "https://slsa.dev/provenance/v1"
 TEST_RESULT = "https://in-toto.io/attestation/test-result/v0.1"  # in-toto's standard test result
 CYCLONEDX = "https://cyclonedx.org/bom"  # the SBOM, as cosign's `--type cyclonedx` reads it
 SPDX = "https://spdx.dev/Document"  # the SBOM as SPDX 2.3 (cosign's `--type spdxjson`)
+OPENVEX = "https://openvex.dev/ns/v0.2.0"  # reviewed not-affected findings (vex.yaml)
 SELFTEST = "https://torch-images.invalid/selftest/v1"  # this project's predicate: a self-test report
 BUILD_TYPE = "https://torch-images.invalid/build/v1"
 PREDICATE_ANNOTATION = "io.torch-images.predicate-type"
@@ -117,6 +120,36 @@ def provenance_statement(subject: Subject, cell: Cell, builder_version: str) -> 
 def selftest_statement(subject: Subject, report: dict[str, Any]) -> dict[str, Any]:
     """A self-test report as an in-toto statement about the same image."""
     return _statement(subject, SELFTEST, {k: v for k, v in report.items() if k != "table"})
+
+
+def openvex_statement(
+    subject: Subject, decisions: list[vex.Decision], python_packages: set[str], cell: Cell, issued: int
+) -> dict[str, Any]:
+    """vex.yaml's decisions for this image as one OpenVEX document: each `not_affected` with
+    its justification and impact statement, the image (by digest) as the product and the package
+    (a PyPI one where the cell's lock has it, else the base's Debian one) as its subcomponent.
+    `issued` (the matrix's SOURCE_DATE_EPOCH) dates it, so the same inputs sign the same bytes."""
+    name = subject.name.rsplit("/", 1)[-1]
+    product = f"pkg:oci/{name}@{subject.digest}?repository_url={subject.name}"
+    statements = []
+    for decision in decisions:
+        ecosystem = "pypi" if decision.package in python_packages else f"deb/{cell.base.distro}"
+        statements.append({
+            "vulnerability": {"name": decision.vulnerability},
+            "products": [{"@id": product, "subcomponents": [{"@id": f"pkg:{ecosystem}/{decision.package}"}]}],
+            "status": "not_affected",
+            "justification": decision.justification,
+            "impact_statement": decision.impact,
+        })  # fmt: skip
+    document = {
+        "@context": OPENVEX,
+        "@id": f"https://torch-images.invalid/vex/{subject.digest}",
+        "author": "the image's maintainers (vex.yaml, reviewed)",
+        "timestamp": datetime.datetime.fromtimestamp(issued, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "version": 1,
+        "statements": statements,
+    }
+    return _statement(subject, OPENVEX, document)
 
 
 def sbom_statement(subject: Subject, predicate_type: str, document: dict[str, Any]) -> dict[str, Any]:

@@ -29,8 +29,10 @@ from builder import jsonread, times
 from builder.assemble import smoke
 from builder.assemble.build import BUILD_ID_LABEL, local_reference
 from builder.config import platform as platforms
+from builder.config import vex
 from builder.engine import ids
 from builder.errors import UserError
+from builder.lock import audit
 from builder.lock import requirements as lock
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
@@ -187,6 +189,13 @@ def attach_attestations(
                 statement = provenance.sbom_statement(about, predicate_type, document)
                 provenance.attach(registry, repository, subject, f"{item.target}.{name}.att", statement, signer)
             signed.append("SBOM (CycloneDX, SPDX)")
+    decisions = [d for d in vex.load(grid.path) if d.applies_to(item.cell.name)]
+    if decisions and provenance.OPENVEX not in have:
+        python_packages = set(audit.locked_wheels(item.cell))
+        epoch = grid.spec.source_date_epoch
+        statement = provenance.openvex_statement(about, decisions, python_packages, item.cell, epoch)
+        provenance.attach(registry, repository, subject, f"{item.target}.vex.att", statement, signer)
+        signed.append(f"VEX ({len(decisions)} not affected)")
     if signed:
         report(f"signed and attached {', '.join(signed)} to {item.target} ({item.digest[:19]})")
 

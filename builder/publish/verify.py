@@ -285,6 +285,10 @@ def _check_attestations(
             kind = "gpu" if smoke.why_not_a_gpu_pass(predicate, found.image_id) is None else "cpu"
             kinds.add(f"{kind} self-test")
             found.lines.append(f"signed {kind} self-test on {str(predicate.get('device'))[:120]}: pass")
+        elif predicate_type == provenance.OPENVEX:
+            statements = predicate.get("statements")
+            named = [s.get("vulnerability", {}).get("name") for s in statements or [] if isinstance(s, dict)]
+            found.lines.append(f"signed VEX: not affected by {', '.join(str(n)[:40] for n in named[:10]) or 'nothing'}")
         elif predicate_type in (provenance.CYCLONEDX, provenance.SPDX):
             components = (
                 predicate.get("components") if predicate_type == provenance.CYCLONEDX else predicate.get("packages")

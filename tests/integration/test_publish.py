@@ -18,6 +18,7 @@ from securesystemslib.signer import CryptoSigner
 
 from builder import cli
 from builder.assemble import build, smoke, wheelhouse
+from builder.config import vex
 from builder.errors import UserError
 from builder.plan.matrix import Matrix
 from builder.publish import existing, loopback, provenance, publish, reports, staging
@@ -619,6 +620,10 @@ def test_cosign_and_oras_read_what_a_signed_publish_attached(
     private, public = _key_files(tmp_path / "team")
     _, stranger = _key_files(tmp_path / "stranger")
     running = start_registry()
+    # A reviewed not-affected decision (vex.yaml beside the matrix), for the VEX attestation.
+    decision = vex.Decision("GHSA-cpwx-vrp4-4pq7", "jinja2", ("*",), "vulnerable_code_not_in_execute_path",
+                            "the images never render templates from untrusted input")  # fmt: skip
+    monkeypatch.setattr(vex, "load", lambda matrix_path: (decision,))
     [item] = _publish(built, running, tmp_path, monkeypatch, provenance.load_signer(private))
     cosign, oras = verifiers.tool("cosign"), verifiers.tool("oras")
     environment = verifiers.offline_environment(tmp_path / "home")
@@ -636,6 +641,7 @@ def test_cosign_and_oras_read_what_a_signed_publish_attached(
         (provenance.TEST_RESULT, provenance.TEST_RESULT),
         ("cyclonedx", provenance.CYCLONEDX),
         ("spdxjson", provenance.SPDX),
+        (provenance.OPENVEX, provenance.OPENVEX),
     ):
         accepted = verify_attestation(kind, public)
         assert accepted.returncode == 0, accepted.stderr[-2000:]
@@ -677,6 +683,6 @@ def test_cosign_and_oras_read_what_a_signed_publish_attached(
     )  # fmt: skip
     assert listed.returncode == 0, listed.stderr[-2000:]
     types = [entry["artifactType"] for entry in json.loads(listed.stdout).get("referrers", [])]
-    # provenance, the report and its test result, the SBOM as CycloneDX and as SPDX
-    assert types.count(provenance.BUNDLE_TYPE) == 5
+    # provenance, the report and its test result, the SBOM as CycloneDX and as SPDX, the VEX
+    assert types.count(provenance.BUNDLE_TYPE) == 6
     assert publish.ARTIFACT_TYPES["sbom"] in types and publish.ARTIFACT_TYPES["selftest"] in types
