@@ -138,17 +138,26 @@ def test_a_signed_index_past_its_valid_until_is_refused() -> None:
     aptindex.check_valid_until("Origin: Debian\nSuite: stable\n", "y", now=4_000_000_000)  # none stated: no limit
 
 
-def test_audit_exits_1_at_the_fail_on_severity_and_0_below_it(cell, monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_audit_exits_1_at_the_fail_on_severity_and_0_below_it(
+    cell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setattr(audit, "security_sources", lambda base: [])  # the Debian side needs the network
-    monkeypatch.setattr(
-        "builder.commands.audit.grid_of", lambda args: type("G", (), {"cells": [cell], "select": lambda s, n: [cell]})()
-    )
+    fake = {"cells": [cell], "select": lambda s, n: [cell], "path": tmp_path / "matrix.yaml"}
+    monkeypatch.setattr("builder.commands.audit.grid_of", lambda args: type("G", (), fake)())
     _pin(cell, "jinja2", "3.1.5")
     assert cli.main(["audit", CELL, "--osv", str(OSV)]) == 0  # moderate, below the default (high)
     assert "GHSA-cpwx-vrp4-4pq7" in capsys.readouterr().out
     assert cli.main(["audit", CELL, "--osv", str(OSV), "--fail-on", "medium", "--json"]) == 1
     [row] = json.loads(capsys.readouterr().out)
-    assert row["package"] == "jinja2" and row["fixed"] == "3.1.6"
+    assert row["package"] == "jinja2" and row["fixed"] == "3.1.6" and row["not_affected"] == ""
+    # The team reviewed it (vex.yaml beside the matrix): listed with its reason, and no failure.
+    (tmp_path / "vex.yaml").write_text(
+        "statements:\n  - vulnerability: GHSA-cpwx-vrp4-4pq7\n    package: jinja2\n"
+        "    justification: vulnerable_code_not_in_execute_path\n    impact: no template comes from untrusted input\n"
+    )
+    assert cli.main(["audit", CELL, "--osv", str(OSV), "--fail-on", "medium", "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["not_affected"] == "vulnerable_code_not_in_execute_path"
 
 
 def test_advisory_text_reaches_the_pull_request_body_and_the_terminal_inert() -> None:
