@@ -7,6 +7,7 @@ integration tests gate real reports from a real registry."""
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -205,3 +206,36 @@ def test_a_device_the_datasheet_knows_cannot_say_its_gates_did_not_apply() -> No
     slow = gpu_report()
     next(c for c in slow["checks"] if c["check"] == "throughput")["metrics"]["matmul_bf16_fraction_of_peak"] = 0.2
     assert "ran at 0.20 of peak, under the gate's 0.7" in str(smoke.why_not_a_gpu_pass(slow, IMAGE_ID))
+
+
+def test_the_gpu_stage_skips_a_digest_that_already_carries_the_keys_gpu_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 39: every run re-tested every CUDA digest and attached one more report, up to the cap."""
+    from securesystemslib.signer import CryptoSigner
+
+    from builder.publish import trust
+    from builder.publish.registry import OCI_MANIFEST, Manifest
+
+    grid = load_matrix(Path(__file__).resolve().parents[2] / "matrix.yaml")
+    cell = grid.cell("2.15.0-cu13.2-bookworm-runtime")
+    document = {"schemaVersion": 2, "mediaType": OCI_MANIFEST, "layers": [],
+                "config": {"mediaType": "x", "digest": IMAGE_ID, "size": 2}}  # fmt: skip
+    body = json.dumps(document).encode()
+
+    class Staged:
+        host = "127.0.0.1:5000"
+
+        def manifest(self, repository: str, reference: str) -> Manifest:
+            return Manifest.of(body, OCI_MANIFEST)
+
+    class NoEngine:  # a pull or a run would fail the test
+        def __getattr__(self, name: str) -> object:
+            raise AssertionError(f"the engine was used ({name}) for a digest that needs no new GPU run")
+
+    monkeypatch.setattr(smoke, "has_nvidia_runtime", lambda engine: True)
+    monkeypatch.setattr(staging.existing, "published_build_id", lambda *args: "b" * 32)
+    evidence = trust.Evidence(reports=[gpu_report()], provenance_problem=None)
+    monkeypatch.setattr(trust, "signed_evidence", lambda *args: evidence)
+    said: list[str] = []
+    key = CryptoSigner.generate_ed25519().public_key
+    assert staging.gpu_test(NoEngine(), Staged(), grid, [cell], "7", said.append, None, key) == [None]  # type: ignore[arg-type]
+    assert "already carries a GPU pass signed by the key (NVIDIA H200); not tested again" in said[-1]
