@@ -45,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
     key = provenance.load_public_key(args.key) if args.key else None
     images = verify.verify(registry, reference, grid, key)
     failed = False
+    if images and images[0].index:  # a multi-arch tag: the digest to pin is the index's
+        print(f"{reference} -> {images[0].index} (an index of {len(images)} platforms; each node pulls its own)")
     for image in images:
         where = f" [{image.platform}]" if image.platform else ""
         cell = f", cell {image.cell}" if image.cell else ""

@@ -77,6 +77,7 @@ class ImageFindings:
     image_id: str = ""
     cell: str = ""
     build_id: str = ""
+    index: str = ""  # the multi-arch index this platform's image was found under, if any
     lines: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
@@ -100,7 +101,9 @@ def verify(
             if child is None:
                 raise UserError(f"{reference}: its index lists {entry['digest']}, which the registry does not serve")
             name = f"{platform.get('os', '?')}/{platform.get('architecture', '?')}"
-            images.append(_verify_image(registry, reference.repository, child, name, grid, key))
+            found = _verify_image(registry, reference.repository, child, name, grid, key)
+            found.index = manifest.digest
+            images.append(found)
         return images
     return [_verify_image(registry, reference.repository, manifest, "", grid, key)]
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -122,6 +124,13 @@ def test_both_platforms_publish_as_one_index_and_each_pulls_back_and_runs(
         )  # fmt: skip
     for alias in cells[0].aliases:
         assert api.manifest(repository, alias).digest == index.digest  # type: ignore[union-attr]
+    # verify's first line names the index, the digest a cluster pins for a multi-arch tag.
+    checked = subprocess.run(
+        [sys.executable, "-m", "builder", "--matrix", str(here.path), "verify", f"{registry.host}/{repository}:{tag}"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    first = checked.stdout.splitlines()[0]
+    assert first.endswith(f"-> {index.digest} (an index of 2 platforms; each node pulls its own)"), checked.stdout
 
     # Each platform pulled back by the index's tag: the same image that was built and tested.
     expected = {"linux/amd64": ["x86_64", "2.13.0+cpu"], "linux/arm64": ["aarch64", "2.9.1+cpu"]}
