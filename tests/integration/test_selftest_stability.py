@@ -23,12 +23,14 @@ pytestmark = pytest.mark.integration
 CAPABILITIES: list[str | None] = [None, "avx2", "default"]
 
 
-def _selftest(image: BuiltCell, capability: str | None) -> dict[str, Any]:
+def _selftest(image: BuiltCell, engine_id: str, capability: str | None) -> dict[str, Any]:
     """One self-test in a fresh container, as the builder runs it (no network, 1 GiB of
-    /dev/shm), with an empty Inductor cache: the report, or a failing stand-in naming the exit."""
+    /dev/shm), with an empty Inductor cache: the report, or a failing stand-in naming the exit.
+    The image is named by the engine's ID, so that another test moving its tag aside meanwhile
+    cannot make the engine look for it elsewhere."""
     environment = {"ATEN_CPU_CAPABILITY": capability} if capability else {}
     container = image.client.containers.run(
-        image.reference,
+        engine_id,
         ["torch-selftest", "--json", "-"],
         detach=True,
         network_mode="none",
@@ -55,7 +57,14 @@ def _statuses(report: dict[str, Any]) -> dict[str, str]:
 def _runs(image: BuiltCell, count: int) -> dict[str | None, list[dict[str, Any]]]:
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("ATEN_CPU_CAPABILITY=avx2 stands in for another x86 CPU; this machine is not x86")
-    return {capability: [_selftest(image, capability) for _ in range(count)] for capability in CAPABILITIES}
+    engine_id = image.client.images.get(image.reference).id
+    runs: dict[str | None, list[dict[str, Any]]] = {}
+    for capability in CAPABILITIES:
+        for number in range(1, count + 1):
+            report = _selftest(image, engine_id, capability)
+            runs.setdefault(capability, []).append(report)
+            print(f"{capability or 'native'} run {number}: {report['status']} {json.dumps(_statuses(report))}")
+    return runs
 
 
 def _assert_every_run_passes_and_agrees(runs: dict[str | None, list[dict[str, Any]]]) -> None:
