@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
             build.discard_intermediates(client, results)
     table = Table(title="build summary")
     for column in ("cell", "tag", "image ID", "size", "build time", "status"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column in ("cell", "tag", "image ID"))  # whole, to be copied
     for r in results:
         table.add_row(r.cell, r.reference, r.image_id[7:19], size.human(r.size_bytes), f"{r.seconds:.0f} s", r.status)
     SafeConsole(width=200).print(table)

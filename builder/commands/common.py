@@ -38,13 +38,19 @@ def grid_of(args: argparse.Namespace) -> matrix.Matrix:
 
 @contextlib.contextmanager
 def progress(label: str) -> Iterator[Callable[[str], None]]:
-    """Where each step of a long job is reported: a spinner on a terminal; elsewhere (CI logs,
-    `| tee`) one line per step with the seconds since the job started."""
+    """Where each step of a long job is reported: one line per step with the seconds since the
+    job started; on a terminal, also a spinner under them naming the step in progress (the
+    lines stay, so a build's steps can be read back)."""
+    started = time.monotonic()
     if console.is_terminal:
         with console.status(label) as status:
-            yield lambda text: status.update(text)
+
+            def step(text: str) -> None:
+                console.print(f"[{time.monotonic() - started:7.1f} s] {text}", soft_wrap=True)
+                status.update(text)
+
+            yield step
         return
-    started = time.monotonic()
 
     def line(text: str) -> None:
         console.print(f"[{time.monotonic() - started:7.1f} s] {text}", highlight=False, soft_wrap=True)

@@ -36,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     table = Table(title=f"{args.matrix}: {len(grid.cells)} cells, {len(grid.rejected)} rejected")
     columns = ("cell", "torch", "cuda", "cudnn", "python", "glibc", "base", "flavor", "platform", "tag", "status")
-    for column in columns:
-        table.add_column(column, overflow="fold")
+    for column in columns:  # names whole, so they can be copied; long reasons fold instead
+        table.add_column(column, no_wrap=column in ("cell", "tag", "platform"), overflow="fold")
     for row in rows:
         table.add_row(*(str(row.get(k) or "") for k in columns))
     SafeConsole(width=200).print(table)

@@ -23,6 +23,7 @@ from builder.facts import refresh
 from builder.facts.compat import TorchWheels
 from builder.plan import matrix
 from builder.plan.matrix import load_matrix
+from builder.terminal import SafeConsole
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -71,6 +72,17 @@ def test_progress_off_a_terminal_prints_one_line_per_step_with_seconds(monkeypat
     lines = sink.getvalue().splitlines()
     assert len(lines) == 3
     assert all(re.match(r"^\[\s*\d+\.\d s\] cell: ", line) for line in lines), lines
+
+
+def test_progress_on_a_terminal_keeps_each_step_above_its_spinner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 39: the spinner alone erased the build's steps."""
+    sink = io.StringIO()
+    monkeypatch.setattr(common, "console", SafeConsole(file=sink, force_terminal=True, width=200))
+    with common.progress("cell: starting") as report:
+        report("cell: Step 1/9 : FROM base")
+        report("cell: Step 2/9 : RUN apt-get")
+    text = sink.getvalue()
+    assert "] cell: Step 1/9 : FROM base" in text and "] cell: Step 2/9 : RUN apt-get" in text
 
 
 def test_a_matrix_whose_every_cell_is_rejected_says_why_each_was(matrix_file: Path, wheels: TorchWheels) -> None:
