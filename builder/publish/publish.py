@@ -78,14 +78,29 @@ def gate(engine: docker.DockerClient, grid: Matrix, cells: list[Cell]) -> list[P
     return ready
 
 
-def _engine_push(engine: docker.DockerClient, repository: str, tag: str, auth: dict[str, str] | None) -> str:
-    """Push one tag through the engine; returns the digest the engine reports."""
-    digest, error = "", ""
+PUSH_PROGRESS_S = 10.0  # how often a layer's upload says how far it got
+
+
+def _engine_push(
+    engine: docker.DockerClient, repository: str, tag: str, auth: dict[str, str] | None, report: Report = print
+) -> str:
+    """Push one tag through the engine; returns the digest the engine reports. Each layer says
+    when it is done (or already there), and a long upload how far it got every 10 seconds."""
+    digest, error, said = "", "", 0.0
     for chunk in engine.api.push(repository, tag=tag, stream=True, decode=True, auth_config=auth):
         if "error" in chunk:
             error = chunk["error"]
         if "aux" in chunk and "Digest" in chunk["aux"]:
             digest = chunk["aux"]["Digest"]
+        status, layer = str(chunk.get("status", "")), str(chunk.get("id", ""))[:12]
+        if status in ("Pushed", "Layer already exists", "Mounted from"):
+            report(f"layer {layer}: {status.lower()}")
+        elif status == "Pushing" and time.monotonic() - said > PUSH_PROGRESS_S:
+            detail = chunk.get("progressDetail") or {}
+            current, total = detail.get("current"), detail.get("total")
+            if isinstance(current, int) and isinstance(total, int) and total > 0:
+                report(f"layer {layer}: {current / 1e6:.0f} of {total / 1e6:.0f} MB")
+                said = time.monotonic()
     if error:
         if re.search(r"unauthorized|authentication required|denied", error, re.I):
             raise UserError(f"registry refused the credentials while pushing {repository}:{tag}: {error}")
@@ -94,12 +109,21 @@ def _engine_push(engine: docker.DockerClient, repository: str, tag: str, auth: d
 
 
 def push_image(
-    engine: docker.DockerClient, registry: Registry, grid: Matrix, item: Publication, report: Report
+    engine: docker.DockerClient,
+    registry: Registry,
+    grid: Matrix,
+    item: Publication,
+    report: Report,
+    signing: bool = False,
 ) -> None:
+    """Push the image under its tag, unless the tag already holds this image (its config). When
+    what is pushed will be signed, the tag's manifest is not taken on trust (anyone who can push
+    could have put this config over other layers there): the engine pushes, sending only the
+    layers the registry lacks, and the manifest it pushes is the one signed."""
     repository = f"{grid.spec.registry}/{grid.spec.repository}"
     tag = item.target
     current = registry.manifest(grid.spec.repository, tag)
-    if current and _config_digest(current) == item.image_id:  # the same image config: the same image
+    if not signing and current and _config_digest(current) == item.image_id:  # the same config: the same image
         item.digest, item.unchanged = current.digest, True
         return
     in_engine = ids.engine_id(engine, item.image_id)
@@ -110,6 +134,7 @@ def push_image(
         manifest = recompress.push_gzip_form(engine, registry, grid.spec.repository, in_engine, report)
         registry.put_manifest(grid.spec.repository, tag, manifest)
         item.digest = manifest.digest
+        item.unchanged = current is not None and current.digest == manifest.digest
         return
     engine.images.get(in_engine).tag(repository, tag)
     found = registry.credentials
@@ -118,7 +143,7 @@ def push_image(
     pushed = ""
     for attempt in range(3):  # the engine retries layers itself; this covers a dropped connection
         try:
-            pushed = _engine_push(engine, repository, tag, auth)
+            pushed = _engine_push(engine, repository, tag, auth, report)
             break
         except UserError as error:
             if "credentials" in error.message or attempt == 2:
@@ -131,6 +156,7 @@ def push_image(
             f"the engine pushed {pushed}; aliases left where they were"
         )
     item.digest = verified.digest
+    item.unchanged = current is not None and current.digest == verified.digest
 
 
 def _config_digest(manifest: Manifest) -> str | None:
@@ -309,7 +335,7 @@ def push_forms(
     returns every form pushed, gzip first."""
     forms = [zstd_form(grid, item) for item in items] if "zstd" in compressions(grid) else []
     for item in items:
-        push_image(engine, registry, grid, item, report)
+        push_image(engine, registry, grid, item, report, signing)
     for item, form in zip(items, forms, strict=False):
         push_zstd(engine, registry, grid, item, form, report, signing)
     return [*items, *forms]

@@ -527,6 +527,15 @@ def test_a_signed_publish_verifies_with_its_key_and_every_tampering_fails_in_one
     )  # fmt: skip
     code, out = verify_with(public)
     assert code == 1 and f"locks differ from this checkout's: images/{built.cell.name}/requirements.lock" in out
+    monkeypatch.undo()
+
+    # The tag re-pointed at a manifest with this image's config over other layers (issue 35): a
+    # publish that signs does not take it for the image, and pushes and signs the real one.
+    body = json.loads(subject.body)
+    body["layers"][0] = {**body["layers"][0], "digest": body["config"]["digest"], "size": body["config"]["size"]}
+    api.put_manifest("torch", built.cell.tag, Manifest.of(json.dumps(body).encode(), subject.media_type))
+    [again] = _publish(built, running, tmp_path, monkeypatch, provenance.load_signer(private))
+    assert again.digest == item.digest and api.manifest("torch", built.cell.tag).digest == item.digest  # type: ignore[union-attr]
 
 
 def _made_up_gpu_pass(report: dict[str, object]) -> dict[str, object]:
