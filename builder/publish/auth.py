@@ -194,7 +194,9 @@ def find_credentials(
     and _PASSWORD, which belong to one registry: TORCH_IMAGES_REGISTRY_HOST where set, else the
     one the matrix (or --registry) configures. Another host never gets them: `verify` of someone
     else's image must not hand it the team's push credentials."""
-    found = docker_config_credentials(host, docker_config_path(environ))
+    # docker writes Docker Hub's login under index.docker.io, whichever name the image used
+    found = docker_config_credentials("index.docker.io" if host in ("docker.io", "registry-1.docker.io") else host,
+                                      docker_config_path(environ))  # fmt: skip
     if found:
         return found
     owner = environ.get(HOST_VARIABLE) or configured

@@ -19,9 +19,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import re
 import time
 import urllib.parse
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +69,26 @@ DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 # An Authorization value an error body may echo back: the scheme, then the credential.
 CREDENTIAL_TEXT = re.compile(r"\b(Basic|Bearer)\s+[A-Za-z0-9+/=._~-]+", re.IGNORECASE)
+
+
+DOCKER_HUB = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
+
+
+def api_host(host: str) -> str:
+    """Where a registry's API answers: Docker Hub's names all answer at registry-1.docker.io."""
+    return "registry-1.docker.io" if host in DOCKER_HUB else host
+
+
+def environment_proxies(base: str) -> dict[str, str]:
+    """HTTPS_PROXY and HTTP_PROXY (either case) for this registry, unless NO_PROXY names it; a
+    loopback registry is always reached directly."""
+    if is_loopback(urllib.parse.urlsplit(base).netloc):
+        return {}
+    proxies = {scheme: url for scheme, url in urllib.request.getproxies().items() if scheme in ("http", "https")}
+    no_proxy = os.environ.get("NO_PROXY") or os.environ.get("no_proxy")
+    if not proxies or requests.utils.should_bypass_proxies(base, no_proxy=no_proxy):
+        return {}
+    return proxies
 
 
 def same_origin(url: str, base: str) -> bool:
@@ -158,13 +180,15 @@ class Registry:
         source: str = "the given credentials",
     ) -> None:
         """HTTPS, checked against the system's CA store or `ca_file`; plain HTTP only for a
-        registry on a loopback address (without a CA file) or with `insecure`."""
+        registry on a loopback address (without a CA file) or with `insecure`. `docker.io` is
+        Docker Hub, whose API answers at registry-1.docker.io."""
         self.host = host
         self.plain = insecure or (ca_file is None and is_loopback(host))
         self.insecure = insecure
-        self.base = f"{'http' if self.plain else 'https'}://{host}/v2/"
+        self.base = f"{'http' if self.plain else 'https'}://{api_host(host)}/v2/"
         self.session = requests.Session()
-        self.session.trust_env = False  # no netrc or proxy settings from the environment
+        self.session.trust_env = False  # no netrc from the environment; its proxies, below
+        self.session.proxies.update(environment_proxies(self.base))
         self.session.verify = str(ca_file) if ca_file else system_ca_bundle()
         self.credentials = Credentials(username, password or "", source) if username is not None else None
         self.authorization: str | None = None  # what the registry's last challenge asked for

@@ -99,3 +99,30 @@ def test_a_credential_helper_that_is_not_installed_is_one_line(tmp_path: Path) -
         registry.find_credentials("ghcr.io", environ)
     assert "names the credential helper 'absent-helper' for ghcr.io" in caught.value.line()
     assert "docker-credential-absent-helper is not on PATH" in caught.value.line()
+
+
+def test_docker_hub_names_reach_its_api_host_with_the_login_docker_wrote(tmp_path: Path) -> None:
+    """Issue 39: `docker.io/...` references did not map to Docker Hub's registry host."""
+    inline = base64.b64encode(b"hub-user:hub-pass").decode()
+    environ = _docker_config(tmp_path, {"auths": {"https://index.docker.io/v1/": {"auth": inline}}})
+    for name in ("docker.io", "index.docker.io", "registry-1.docker.io"):
+        assert registry.Registry(name).base == "https://registry-1.docker.io/v2/"
+        found = registry.find_credentials(name, environ)
+        assert found is not None and found.username == "hub-user", name
+    assert registry.Registry("ghcr.io").base == "https://ghcr.io/v2/"
+
+
+def test_the_registry_client_takes_the_environments_proxy_unless_no_proxy_or_loopback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 39: the client ignored HTTPS_PROXY (it reads no netrc, but a proxy it must)."""
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    assert registry.Registry("ghcr.io").session.proxies == {}
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.corp.example:3128")
+    assert registry.Registry("ghcr.io").session.proxies.get("https") == "http://proxy.corp.example:3128"
+    assert registry.Registry("127.0.0.1:5000").session.proxies == {}  # loopback: always direct
+    monkeypatch.setenv("NO_PROXY", "ghcr.io,.internal")
+    assert registry.Registry("ghcr.io").session.proxies == {}
+    assert registry.Registry("harbor.internal").session.proxies == {}
+    assert registry.Registry("quay.io").session.proxies.get("https") == "http://proxy.corp.example:3128"
