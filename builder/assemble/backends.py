@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,8 +16,7 @@ import docker
 from builder.assemble.context import context_tar
 from builder.errors import UserError
 from builder.plan.cell import Cell
-
-Report = Callable[[str], None]
+from builder.progress import Report
 
 
 @dataclass(frozen=True)

@@ -31,12 +31,12 @@ from builder.lock import inputs
 from builder.lock.inputs import CellLocks
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
+from builder.progress import Report
 from builder.render import render, served
 from builder.repro import normalize as repro
 
 BUILD_ID_LABEL = "io.torch-images.build-id"
 BUILD_CACHE_REPOSITORY = "torch-images/build-cache"
-Report = Callable[[str], None]
 
 
 class BuildState(str, enum.Enum):

@@ -22,7 +22,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +35,7 @@ from builder.lock.inputs import CellLocks
 from builder.lock.requirements import FLAVOR_LOCK, STACK_LOCK
 from builder.plan.cell import RECORDED_IMAGE_ID_FILE, Cell
 from builder.plan.matrix import Matrix
+from builder.progress import Report
 from builder.render import served
 
 MANIFEST = "manifest.json"
@@ -45,7 +46,6 @@ CELL_NAME = grammar.Grammar(r"[a-z0-9][a-z0-9.+_-]{0,127}", "a cell name such as
 CELL_FILES = (STACK_LOCK, FLAVOR_LOCK, DEBIAN_LOCK, "Dockerfile", "spec.json", RECORDED_IMAGE_ID_FILE)
 CACHE = "cache"  # the wheelhouse's layout: locks/<key>/ pages and sha256/<xx>/<hash>/<file>
 SHIPPED = {"templates": paths.TEMPLATES, "data": paths.DATA, "image": paths.IMAGE}
-Report = Callable[[str], None]
 
 
 @dataclass(frozen=True)

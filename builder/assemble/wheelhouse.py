@@ -25,7 +25,7 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 from filelock import FileLock
@@ -37,12 +37,12 @@ from builder.errors import UserError
 from builder.lock.requirements import Lockfile
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
+from builder.progress import Report
 from builder.render import served
 
 MARKER = ".torch-images-wheelhouse"
 SERVED_LIST = "served.list"  # the paths builds asked for, shared with servers of other processes
 BIG_FILE = 64 << 20  # downloads this large report their progress
-Report = Callable[[str], None]
 
 
 def _servable(name: str) -> bool:

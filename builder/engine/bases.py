@@ -19,7 +19,6 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,8 +30,7 @@ from builder.config.schema import KeyringSpec
 from builder.engine import archive, canonical, emulation, ids, privilege
 from builder.errors import UserError
 from builder.plan.cell import BaseImage
-
-Report = Callable[[str], None]
+from builder.progress import Report
 
 
 def ensure(engine: docker.DockerClient, base: BaseImage, epoch: int, report: Report = print) -> str:

@@ -9,17 +9,16 @@ with one platform stays a plain image manifest, as before.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from builder.config import platform as platforms
 from builder.engine import archive
 from builder.errors import UserError
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
+from builder.progress import Report
 from builder.publish.publication import Publication, tag_suffix
 from builder.publish.registry import OCI_INDEX, Manifest, Registry
-
-Report = Callable[[str], None]
 
 
 def is_multiarch(grid: Matrix, cell: Cell) -> bool:

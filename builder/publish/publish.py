@@ -18,7 +18,6 @@ import html
 import json
 import re
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import docker
@@ -36,12 +35,12 @@ from builder.lock import audit
 from builder.lock import requirements as lock
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
+from builder.progress import Report
 from builder.publish import multiarch, provenance, recompress, reports, sbom
 from builder.publish.publication import Publication
 from builder.publish.registry import Manifest, Registry
 
 TABLE_START, TABLE_END = "<!-- published-tags:start -->", "<!-- published-tags:end -->"
-Report = Callable[[str], None]
 
 
 def gate(engine: docker.DockerClient, grid: Matrix, cells: list[Cell]) -> list[Publication]:

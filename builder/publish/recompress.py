@@ -27,7 +27,6 @@ import json
 import os
 import tempfile
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -38,9 +37,9 @@ import zstandard
 from builder import paths
 from builder.engine import archive, ids
 from builder.errors import UserError
+from builder.progress import Report
 from builder.publish.registry import OCI_MANIFEST, Manifest, Registry
 
-Report = Callable[[str], None]
 ZSTD_LAYER = "application/vnd.oci.image.layer.v1.tar+zstd"
 GZIP_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
 # zlib's default level, as engines push at; its gzip header carries no time or name, so the same

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +30,12 @@ from builder.engine import ids
 from builder.errors import UserError
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
+from builder.progress import Report
 from builder.publish import existing, multiarch, provenance, publish, reports, trust
 from builder.publish.publication import Publication, tag_suffix
 from builder.publish.publish import ARTIFACT_TYPES
 from builder.publish.registry import IMAGE_TYPES, Registry
 
-Report = Callable[[str], None]
 RUN = grammar.Grammar(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,39}", "a run ID of letters, digits, '_' and '-' (CI's run number)")
 
 

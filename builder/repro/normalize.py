@@ -22,7 +22,6 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -33,9 +32,9 @@ import docker.errors
 from builder import times
 from builder.engine import archive, canonical, ids
 from builder.errors import UserError
+from builder.progress import Report
 from builder.repro import manifests
 
-Report = Callable[[str], None]
 LAYER_INSTRUCTIONS = ("RUN", "COPY", "ADD")
 # The config's `config` fields an image carries; everything else there describes the build host
 # or the engine (Hostname, Image, the container's stdin settings) and is left out.
