@@ -88,7 +88,7 @@ class BuildResult:
 def local_reference(grid: Matrix, cell: Cell) -> str:
     """The engine's tag for the cell's image: its versioned tag, plus `-<arch>` off linux/amd64
     (the platforms of a multi-arch tag are separate images in one engine)."""
-    return f"{grid.spec.repository}:{(cell.tag + platforms.of(cell.platform).suffix)[:128]}"
+    return f"{grid.spec.repository}:{cell.tag + platforms.of(cell.platform).suffix}"  # it fits: plan.MAX_OWN_TAG
 
 
 def preflight(cell: Cell, grid: Matrix) -> CellLocks:

@@ -24,6 +24,9 @@ from builder.facts import rules
 from builder.facts.compat import TorchWheels, TrtllmRelease, load_trtllm
 from builder.plan.cell import BaseImage, Cell
 
+# The longest tag a cell may get: 128, less the longest suffix the builder adds (`-arm64-zstd`).
+MAX_OWN_TAG = 128 - len("-arm64-zstd")
+
 
 @dataclass
 class Rejected:
@@ -353,10 +356,18 @@ def _check_cells(cells: list[Cell], rejected: list[Rejected], spec: MatrixSpec, 
     owners: dict[tuple[str, str], str] = {}
     for cell in cells:
         for tag in (cell.tag, *cell.aliases):
+            where = ("tag",) if tag == cell.tag else ("aliases",)
             if not grammar.TAG.matches(tag):
-                where = ("tag",) if tag == cell.tag else ("aliases",)
                 raise UserError(
                     f"cell {cell.name} gets the tag {tag!r}, which is not a valid tag: {grammar.TAG.hint}",
+                    source.location(where),
+                    dotted(where),
+                )
+            if len(tag) > MAX_OWN_TAG:  # the builder adds -arm64 and -zstd, and never cuts a tag
+                raise UserError(
+                    f"cell {cell.name} gets the tag {tag!r} ({len(tag)} characters), which leaves no room for the "
+                    f"suffixes the builder adds (-arm64, -zstd) within the registries' 128; shorten it to at most "
+                    f"{MAX_OWN_TAG}",
                     source.location(where),
                     dotted(where),
                 )

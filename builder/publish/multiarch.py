@@ -17,6 +17,7 @@ from builder.errors import UserError
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
 from builder.progress import Report
+from builder.publish import tags
 from builder.publish.publication import Publication, tag_suffix
 from builder.publish.registry import OCI_INDEX, Manifest, Registry
 
@@ -30,7 +31,12 @@ def image_tag(grid: Matrix, cell: Cell, compression: str = "gzip") -> str:
     only platform, else `<tag>-<arch>` (the versioned tag then names the index); the zstd form's
     versioned tag is `<tag>-zstd`."""
     tag = cell.tag + tag_suffix(compression)
-    return f"{tag}-{cell.arch}"[:128] if is_multiarch(grid, cell) else tag
+    # matrix validation leaves room for the platform and zstd suffixes: never cut
+    return (
+        tags.exact(f"{tag}-{cell.arch}", "the platform's tag", "shorten the tag template")
+        if is_multiarch(grid, cell)
+        else tag
+    )
 
 
 def check_complete(grid: Matrix, cells: Iterable[Cell], verb: str = "publish") -> None:

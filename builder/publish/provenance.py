@@ -41,7 +41,7 @@ from builder.assemble import smoke
 from builder.config import vex
 from builder.errors import UserError
 from builder.plan.cell import Cell
-from builder.publish import reports
+from builder.publish import reports, tags
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 # Attestations are attached as Sigstore bundles (v0.3: the DSSE envelope and the key's hint), as
@@ -438,8 +438,13 @@ def attach_report(
     Returns the first's digest."""
     name = reports.artifact_tag(target, report)
     attach(
-        registry, repository, subject_manifest, f"{name}.result.att"[:128], test_result_statement(about, report), signer
+        registry,
+        repository,
+        subject_manifest,
+        tags.fitted(f"{name}.result.att"),
+        test_result_statement(about, report),
+        signer,
     )
     return attach(
-        registry, repository, subject_manifest, f"{name}.att"[:128], selftest_statement(about, report), signer
+        registry, repository, subject_manifest, tags.fitted(f"{name}.att"), selftest_statement(about, report), signer
     )

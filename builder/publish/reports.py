@@ -15,6 +15,7 @@ from typing import Any
 
 from builder.assemble import smoke
 from builder.errors import UserError
+from builder.publish import tags
 from builder.publish.registry import Manifest, Registry
 
 SELFTEST_TYPE = "application/vnd.torch-images.selftest.v1+json"
@@ -91,9 +92,9 @@ def artifact_tag(target: str, report: dict[str, Any]) -> str:
     """`<tag>.selftest` for the build machine's report, `<tag>.selftest-gpu-<model>` for a GPU's,
     so that reports from several devices keep tags of their own."""
     if smoke.report_kind(report) == "cpu":
-        return f"{target}.selftest"[:128]
+        return tags.fitted(f"{target}.selftest")
     model = re.sub(r"[^a-z0-9]+", "-", str(report.get("device", "")).lower()).strip("-") or "unknown"
-    return f"{target}.selftest-gpu-{model}"[:128].rstrip(".-")
+    return tags.fitted(f"{target}.selftest-gpu-{model}")
 
 
 def document_bytes(report: dict[str, Any]) -> bytes:

@@ -31,7 +31,7 @@ from builder.errors import UserError
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
 from builder.progress import Report
-from builder.publish import existing, multiarch, provenance, publish, reports, trust
+from builder.publish import existing, multiarch, provenance, publish, reports, tags, trust
 from builder.publish.publication import Publication, tag_suffix
 from builder.publish.publish import ARTIFACT_TYPES
 from builder.publish.registry import IMAGE_TYPES, Registry
@@ -40,7 +40,9 @@ RUN = grammar.Grammar(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,39}", "a run ID of letters, 
 
 
 def staging_tag(grid: Matrix, cell: Cell, run: str, compression: str = "gzip") -> str:
-    return f"{multiarch.image_tag(grid, cell, compression)}.staging-{run}"[:128]
+    return tags.exact(
+        f"{multiarch.image_tag(grid, cell, compression)}.staging-{run}", "the staging tag", "give a shorter --run"
+    )
 
 
 STAGED_RECORD_BYTES = 64 << 10

@@ -503,3 +503,23 @@ def test_a_redirect_target_that_asks_for_credentials_gets_none(
     with pytest.raises(UserError, match=rf"redirected to {other}, which asked for credentials \(401\); the registry's"):
         client.blob("torch", "sha256:" + "a" * 64)
     assert other_side.seen and all(auth is None for _, _, auth in other_side.seen)
+
+
+def test_a_tag_without_room_for_the_builders_suffixes_is_refused(
+    project: Project, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 39: six places cut a tag at 128 characters silently; two images could share a name."""
+    project.edit(project.matrix, 'tag: "{torch}-', 'tag: "' + "x" * 84 + "-{torch}-")  # 119 characters
+    code, output = run(project, capsys, "plan")
+    assert_one_line_error(code, output, "leaves no room for the suffixes the builder adds", "at most 117")
+
+
+def test_derived_tags_are_never_cut_into_another_name() -> None:
+    from builder.publish import tags
+
+    long = "t" * 120
+    assert tags.fitted("short.att") == "short.att"
+    first, second = tags.fitted(f"{long}.selftest.att"), tags.fitted(f"{long}.selftest.result.att")
+    assert len(first) == len(second) == 128 and first != second
+    with pytest.raises(UserError, match="would be 140 characters, past the registries' 128; give a shorter --run"):
+        tags.exact("s" * 140, "the staging tag", "give a shorter --run")
