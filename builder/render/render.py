@@ -42,7 +42,7 @@ def check_values(value: object, where: str = "context") -> None:
 
     A value with a line break or control character could add its own Dockerfile instruction,
     so rendering stops instead. Values are validated against their grammar where they are read
-    (spec/schema.py, spec/flavor.py, spec/layout.py, lock/requirements.py, lock/debian.py); this
+    (config/schema.py, config/flavor.py, config/layout.py, lock/requirements.py, lock/debian.py); this
     is the last line of defence.
     """
     if isinstance(value, str):

@@ -239,3 +239,21 @@ def test_the_gpu_stage_skips_a_digest_that_already_carries_the_keys_gpu_pass(mon
     key = CryptoSigner.generate_ed25519().public_key
     assert staging.gpu_test(NoEngine(), Staged(), grid, [cell], "7", said.append, None, key) == [None]  # type: ignore[arg-type]
     assert "already carries a GPU pass signed by the key (NVIDIA H200); not tested again" in said[-1]
+
+
+def test_the_gate_reads_the_one_real_gpu_report_there_is() -> None:
+    """Issue 36: the gate had only ever read made-up GPU reports. This one is real: the self-test
+    on an H200 lent on 2026-12-04, run on that machine's own torch stack (torch 2.11.0+cu130, the
+    images' layout applied; benchmarks/gpu-selftest.sh), so it proves the checks, not an image's
+    digest. It predates the `accelerator` block the self-test writes now, which is why the gate
+    refuses it: a report must name the compute capability and driver it ran with."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "selftest-2026-12-04-NVIDIA-H200-pruned.json"
+    report = json.loads(path.read_text())
+    report["image_id"] = IMAGE_ID  # a host-stack run names no image; the gate is asked about this one
+    statuses = {c["check"]: c["status"] for c in report["checks"]}
+    assert all(statuses[name] == "pass" for name in smoke.gpu_checks())  # every GPU check passed there
+    assert smoke.why_not_a_pass(report, IMAGE_ID) is None
+    assert smoke.why_not_a_gpu_pass(report, IMAGE_ID) == "the report ran on NVIDIA H200, not on a CUDA device"
+    figures = smoke.gpu_figures(report)
+    assert figures["matmul_bf16_fraction_of_peak"] == 0.736 and smoke._figure_problem(figures) is None
+    assert smoke.known_gpu(report["device"]) is not None  # gpu_peaks.json gates this device
