@@ -45,7 +45,7 @@ TABLE_START, TABLE_END = "<!-- published-tags:start -->", "<!-- published-tags:e
 
 def gate(engine: docker.DockerClient, grid: Matrix, cells: list[Cell]) -> list[Publication]:
     """Every image must exist and have passed its self-test for exactly this image ID."""
-    ready, refused = [], []
+    ready, refused, want_gpu = [], [], []
     for cell in cells:
         reference = local_reference(grid, cell)
         try:
@@ -61,6 +61,9 @@ def gate(engine: docker.DockerClient, grid: Matrix, cells: list[Cell]) -> list[P
             )
             continue
         gated = reports.gate([report], image_id, cell.gpu_gate)
+        if isinstance(gated, str) and gated.startswith("no passing GPU self-test"):
+            want_gpu.append(cell.name)  # said once for all of them, below
+            continue
         if isinstance(gated, str):
             refused.append(f"{cell.name}: {gated}")
             continue
@@ -72,6 +75,12 @@ def gate(engine: docker.DockerClient, grid: Matrix, cells: list[Cell]) -> list[P
                 gpu_report=gated.gpu_report,
             )
         )  # fmt: skip
+    if want_gpu:  # a machine without a GPU refuses every CUDA cell for one reason: said once
+        refused.append(
+            f"{len(want_gpu)} CUDA cell{'s' if len(want_gpu) > 1 else ''} ({', '.join(want_gpu)}) need a passing GPU "
+            "self-test, which this machine cannot give: publish them from CI (`publish --stage`, then the GPU stage, "
+            "`publish --gpu-test`, on a GPU runner), run `build` on a GPU machine, or list them under ci.gpu_optional"
+        )
     if refused:
         raise UserError("refused, nothing pushed: " + " | ".join(refused))
     return ready

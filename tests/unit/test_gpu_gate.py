@@ -257,3 +257,19 @@ def test_the_gate_reads_the_one_real_gpu_report_there_is() -> None:
     figures = smoke.gpu_figures(report)
     assert figures["matmul_bf16_fraction_of_peak"] == 0.736 and smoke._figure_problem(figures) is None
     assert smoke.known_gpu(report["device"]) is not None  # gpu_peaks.json gates this device
+
+
+def test_publish_on_a_machine_without_a_gpu_says_once_what_the_cuda_cells_need(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 39: `publish --all` after `build --all` on a CPU host refused every CUDA cell in one
+    joined line, each with the same long reason."""
+    grid = load_matrix(Path(__file__).resolve().parents[2] / "matrix.yaml")
+    cuda = [c for c in grid.cells if c.is_cuda and c.gpu_gate == "required"][:3]
+    monkeypatch.setattr(publish.ids, "config_digest", lambda engine, reference: IMAGE_ID)
+    monkeypatch.setattr(publish.smoke, "passing_report", lambda image_id: cpu_report())
+    with pytest.raises(UserError) as caught:
+        publish.gate(None, grid, cuda)  # type: ignore[arg-type]
+    line = caught.value.line()
+    assert (
+        line.count("need a passing GPU self-test") == 1 and f"3 CUDA cells ({', '.join(c.name for c in cuda)})" in line
+    )
+    assert "publish --gpu-test" in line and "ci.gpu_optional" in line
