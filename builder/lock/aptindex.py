@@ -58,13 +58,15 @@ def _keyring(base: BaseImage, scratch: Path) -> Path:
     return DEBIAN_KEYRING
 
 
-# A security index that states no Valid-Until (Ubuntu's do not; Debian's say 7 days) must be
-# dated within this: its archive publishes fixes daily, so an older one is a stale mirror.
+# Ubuntu's security indexes state no Valid-Until, so one must be dated within this: the archive
+# publishes daily, and an older index is a stale mirror. Debian's state one (7 days ahead) while
+# the suite is maintained and drop it when the suite is archived at its end of life (bullseye's,
+# dated 2026-09-12, has none): a signed Debian index without it is a frozen suite, not a stale copy.
 SECURITY_INDEX_MAX_AGE_S = 7 * 86400
 
 
 def signed_release(
-    base: BaseImage, suite: str, scratch: Path, mirror: str | None = None, security: bool = False
+    base: BaseImage, suite: str, scratch: Path, mirror: str | None = None, age_limited: bool = False
 ) -> str:
     """The suite's Release text, after gpgv checked InRelease's signature, and, where it says
     until when it is valid (security archives do), that it still is: a mirror that stopped
@@ -80,7 +82,7 @@ def signed_release(
         raise UserError(f"{mirror}/dists/{suite}/InRelease: its signature does not verify with {keyring}")
     release = result.stdout.decode()
     check_valid_until(
-        release, f"{mirror}/dists/{suite}/InRelease", max_age_s=SECURITY_INDEX_MAX_AGE_S if security else None
+        release, f"{mirror}/dists/{suite}/InRelease", max_age_s=SECURITY_INDEX_MAX_AGE_S if age_limited else None
     )
     return release
 
@@ -174,7 +176,8 @@ def archive_index(base: BaseImage) -> Index:
 
 def _suite_packages(base: BaseImage, mirror: str, suite: str, scratch: Path, source: str) -> Index:
     found: Index = {}
-    release = signed_release(base, suite, scratch, mirror, security=bool(source))
+    # Ubuntu's security suites: no Valid-Until, so their Date is held to SECURITY_INDEX_MAX_AGE_S
+    release = signed_release(base, suite, scratch, mirror, age_limited=bool(source) and base.distro == "ubuntu")
     for component in base.components:
         if source and listed_sha256(release, f"{component}/binary-{base.arch}/Packages.xz") is None:
             continue  # a security suite may carry fewer components than the release
