@@ -73,21 +73,8 @@ def run(
         extra = ["--emulated", *(extra or [])]
     use_gpus = has_nvidia_runtime(engine) if gpus is None else gpus
     started = time.monotonic()
-    container = engine.containers.run(
-        image.id,
-        [*SELFTEST_COMMAND, *(extra or [])],
-        detach=True,
-        network_mode="none",
-        shm_size="1g",
-        device_requests=[DeviceRequest(count=-1, capabilities=[["gpu"]])] if use_gpus else None,
-    )
-    try:
-        exit_code = container.wait()["StatusCode"]
-        stdout = container.logs(stdout=True, stderr=False).decode(errors="replace")
-        stderr = container.logs(stdout=False, stderr=True).decode(errors="replace")
-    finally:
-        container.remove(force=True)
-    report = _parse(stdout, stderr, exit_code)
+    exit_code, stdout, stderr = run_selftest(engine, image.id, extra or [], use_gpus)
+    report = parse_report(stdout, stderr, exit_code)
     image_id = ids.config_digest(engine, reference)
     report["image_id"], report["reference"], report["table"] = image_id, reference, stderr
     path = report_path(image_id)
@@ -99,7 +86,31 @@ def run(
     return SmokeResult(image_id, status, report, path, time.monotonic() - started)
 
 
-def _parse(stdout: str, stderr: str, exit_code: int) -> dict[str, Any]:
+def run_selftest(
+    engine: docker.DockerClient, image_id: str, extra: list[str], gpus: bool, environment: dict[str, str] | None = None
+) -> tuple[int, str, str]:
+    """The self-test in a fresh container of the image, as every caller runs it: no network,
+    1 GiB of /dev/shm, every GPU where asked. Returns its exit status, stdout and stderr."""
+    container = engine.containers.run(
+        image_id,
+        [*SELFTEST_COMMAND, *extra],
+        detach=True,
+        network_mode="none",
+        shm_size="1g",
+        environment=environment or {},
+        device_requests=[DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None,
+    )
+    try:
+        exit_code = container.wait()["StatusCode"]
+        stdout = container.logs(stdout=True, stderr=False).decode(errors="replace")
+        stderr = container.logs(stdout=False, stderr=True).decode(errors="replace")
+    finally:
+        container.remove(force=True)
+    return int(exit_code), stdout, stderr
+
+
+def parse_report(stdout: str, stderr: str, exit_code: int) -> dict[str, Any]:
+    """The report the self-test printed, or a failing stand-in naming its exit."""
     start = stdout.find("{")
     try:
         parsed: dict[str, Any] = jsonread.loads(stdout[start:], "the self-test's report") if start >= 0 else {}

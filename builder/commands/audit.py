@@ -72,19 +72,16 @@ def _print(findings: list[audit.Finding], as_json: bool, cells: int, python: boo
         return
     table = Table("cell", "package", "locked", "fixed in", "advisory", "severity", "needs")
     for f in findings:  # OSV's and the archive's text: escaped, and never read as markup
-        row = (
-            f.cell,
-            f"{f.package} ({f.ecosystem})",
-            f.locked,
-            f.fixed or "-",
-            f.advisory,
-            f.severity,
-            _needs(f),
-        )
-        table.add_row(*(Text(printable(str(value))) for value in row))
+        table.add_row(*(Text(printable(value)) for value in _row(f)))
     if findings:
         SafeConsole(file=sys.stdout, width=200).print(table)
     console.print(f"{len(findings)} findings in {cells} cells ({_scope(python)})")
+
+
+def _row(finding: audit.Finding) -> tuple[str, ...]:
+    """A finding's cells, as the table and the Markdown table show them."""
+    f = finding
+    return (f.cell, f"{f.package} ({f.ecosystem})", f.locked, f.fixed or "-", f.advisory, f.severity, _needs(f))
 
 
 def _scope(python: bool) -> str:
@@ -99,16 +96,7 @@ def _markdown(findings: list[audit.Finding], cells: int, python: bool) -> str:
             "|---|---|---|---|---|---|---|",
         ]
         for f in findings:
-            row = (
-                f.cell,
-                f"{f.package} ({f.ecosystem})",
-                f.locked,
-                f.fixed or "-",
-                f.advisory,
-                f.severity,
-                _needs(f),
-            )
-            lines.append("| " + " | ".join(markdown_text(value) for value in row) + " |")
+            lines.append("| " + " | ".join(markdown_text(value) for value in _row(f)) + " |")
     return "\n".join(lines)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from builder.assemble import smoke
 from tests.integration.conftest import BuiltCell
 
 pytestmark = pytest.mark.integration
@@ -24,30 +25,13 @@ CAPABILITIES: list[str | None] = [None, "avx2", "default"]
 
 
 def _selftest(image: BuiltCell, engine_id: str, capability: str | None) -> dict[str, Any]:
-    """One self-test in a fresh container, as the builder runs it (no network, 1 GiB of
-    /dev/shm), with an empty Inductor cache: the report, or a failing stand-in naming the exit.
+    """One self-test in a fresh container, as the builder runs it, with an empty Inductor cache.
     The image is named by the engine's ID, so that another test moving its tag aside meanwhile
-    cannot make the engine look for it elsewhere."""
+    cannot make the engine look for it elsewhere. The report is not stored: a run under another
+    capability is no report of the image."""
     environment = {"ATEN_CPU_CAPABILITY": capability} if capability else {}
-    container = image.client.containers.run(
-        engine_id,
-        ["torch-selftest", "--json", "-"],
-        detach=True,
-        network_mode="none",
-        shm_size="1g",
-        environment=environment,
-    )
-    try:
-        exit_code = container.wait()["StatusCode"]
-        stdout = container.logs(stdout=True, stderr=False).decode(errors="replace")
-        stderr = container.logs(stdout=False, stderr=True).decode(errors="replace")
-    finally:
-        container.remove(force=True)
-    try:
-        report: dict[str, Any] = json.loads(stdout[stdout.index("{") :])
-    except ValueError:
-        return {"status": "fail", "checks": [], "error": f"exit {exit_code}: {stderr.strip()[-300:]}"}
-    return report
+    exit_code, stdout, stderr = smoke.run_selftest(image.client, engine_id, [], False, environment)
+    return smoke.parse_report(stdout, stderr, exit_code)
 
 
 def _statuses(report: dict[str, Any]) -> dict[str, str]:
