@@ -42,19 +42,19 @@ def progress(label: str) -> Iterator[Callable[[str], None]]:
     job started; on a terminal, also a spinner under them naming the step in progress (the
     lines stay, so a build's steps can be read back)."""
     started = time.monotonic()
-    if console.is_terminal:
-        with console.status(label) as status:
-
-            def step(text: str) -> None:
-                console.print(f"[{time.monotonic() - started:7.1f} s] {text}", soft_wrap=True)
-                status.update(text)
-
-            yield step
-        return
 
     def line(text: str) -> None:
         console.print(f"[{time.monotonic() - started:7.1f} s] {text}", highlight=False, soft_wrap=True)
 
+    if console.is_terminal:
+        with console.status(label) as status:
+
+            def step(text: str) -> None:
+                line(text)
+                status.update(text)
+
+            yield step
+        return
     line(label)
     yield line
 

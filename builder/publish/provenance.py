@@ -330,6 +330,20 @@ def envelope_of(document: dict[str, Any], artifact_type: str) -> dict[str, Any]:
     return envelope
 
 
+def verified_statement(
+    document: dict[str, Any], artifact_type: str, key: SSlibKey, digest: str, image_id: str
+) -> dict[str, Any]:
+    """The statement an attestation artifact (a bundle, or a bare envelope) carries, when `key`
+    signed it about exactly this manifest digest and image ID, with an object as its predicate;
+    UserError (one line) otherwise. What `verify --key` and the gates both ask of an attestation."""
+    statement = verify_envelope(envelope_of(document, artifact_type), key)
+    if not is_about(statement, digest, image_id):
+        raise UserError("signed, but about another digest or image")
+    if not isinstance(statement.get("predicate"), dict):
+        raise UserError("signed, but its predicate is not an object")
+    return statement
+
+
 def pae(payload_type: str, payload: bytes) -> bytes:
     """DSSE's pre-authentication encoding, as its specification writes it."""
     kind = payload_type.encode()

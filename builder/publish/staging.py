@@ -15,7 +15,6 @@ take the staged manifests (byte for byte: the same digests), and then the aliase
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +45,11 @@ def staging_tag(grid: Matrix, cell: Cell, run: str, compression: str = "gzip") -
 
 
 STAGED_RECORD_BYTES = 64 << 10
-MANIFEST_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 def write_staged(directory: Path, grid: Matrix, run: str, items: list[Publication]) -> list[Path]:
     """What the stage job pushed, one file per staging tag (`<tag>.json`: the tag, the manifest
-    digest, the image ID), for CI to carry to the promote job (an artifact): promote then moves
+    digest, the cell), for CI to carry to the promote job (an artifact): promote then moves
     only tags that still point at what was staged."""
     directory.mkdir(parents=True, exist_ok=True)
     written = []
@@ -78,7 +76,7 @@ def read_staged(directory: Path, tag: str) -> str:
     except UserError:
         record = None
     digest = record.get("digest") if isinstance(record, dict) and record.get("tag") == tag else None
-    if not isinstance(digest, str) or not MANIFEST_DIGEST.fullmatch(digest):
+    if not isinstance(digest, str) or not Registry.is_digest(digest):
         raise UserError(f"{path}: not a staged record of {tag}; write what `publish --stage --staged-record` wrote")
     return digest
 
@@ -187,8 +185,7 @@ def gpu_test(
             raise UserError(f"{cell.name}: {tag} is not one image in {grid.spec.registry}; stage it first")
         image_id = json.loads(manifest.body)["config"]["digest"]
         if key is not None:  # a GPU report signed for an image someone swapped in would vouch for it
-            build_id = existing.published_build_id(registry, repository, tag) or ""
-            evidence = trust.signed_evidence(registry, repository, manifest, image_id, build_id, cell, key)
+            evidence = trust.signed_evidence(registry, repository, manifest, image_id, cell, key)
             if evidence.provenance_problem is not None:
                 raise UserError(f"{cell.name}: {tag} ({manifest.digest[:19]}): {evidence.provenance_problem}; "
                                 "not tested, nothing attached")  # fmt: skip
@@ -303,11 +300,12 @@ def _staged(
         return f"no SBOM attached to {manifest.digest[:19]}"
     if ARTIFACT_TYPES["selftest"] not in attached:
         return f"no self-test report attached to {manifest.digest[:19]}"
-    build_id = existing.published_build_id(registry, repository, tag) or ""
+    # by digest: the label of the manifest gated here, even if the tag has moved since
+    build_id = existing.published_build_id(registry, repository, manifest.digest) or ""
     if key is None:
         found_reports = reports.attached(registry, repository, manifest.digest)
     else:
-        evidence = trust.signed_evidence(registry, repository, manifest, image_id, build_id, cell, key)
+        evidence = trust.signed_evidence(registry, repository, manifest, image_id, cell, key)
         if evidence.provenance_problem is not None:
             return f"{evidence.provenance_problem} on {manifest.digest[:19]}"
         found_reports = evidence.reports

@@ -23,7 +23,7 @@ from securesystemslib.signer import CryptoSigner, SSlibKey
 
 from builder.errors import UserError
 from builder.plan.cell import Cell
-from builder.publish import provenance
+from builder.publish import existing, provenance
 from builder.publish.registry import Manifest, Registry
 
 KEY_ENVIRONMENT = "TORCH_IMAGES_VERIFY_KEY"  # a PEM public key, for CI's variables
@@ -49,7 +49,6 @@ class Evidence:
 
     reports: list[dict[str, Any]] = field(default_factory=list)
     provenance_problem: str | None = "no signed provenance from the trusted key"
-    ignored: int = 0  # envelopes that did not verify, or were about another image
 
 
 def signed_evidence(
@@ -57,27 +56,22 @@ def signed_evidence(
     repository: str,
     manifest: Manifest,
     image_id: str,
-    build_id: str,
     cell: Cell | None,
     key: SSlibKey,
 ) -> Evidence:
-    """Read and check every DSSE envelope attached to `manifest`."""
+    """Read and check every attestation attached to `manifest`; one that does not verify, or is
+    about another image, is left out. The build ID the provenance must name is the label of
+    this manifest's own config (read by digest, so a tag moved meanwhile cannot change it)."""
     evidence = Evidence()
+    build_id = existing.published_build_id(registry, repository, manifest.digest) or ""
     for entry in provenance.attested(registry, repository, manifest.digest)[: provenance.MAX_ENVELOPES]:
         try:
             document = registry.artifact(repository, str(entry["digest"]), provenance.MAX_ENVELOPE_BYTES)
             artifact_type = str(entry.get("artifactType", provenance.BUNDLE_TYPE))
-            statement = provenance.verify_envelope(provenance.envelope_of(document, artifact_type), key)
+            statement = provenance.verified_statement(document, artifact_type, key, manifest.digest, image_id)
         except UserError:
-            evidence.ignored += 1
             continue
-        if not provenance.is_about(statement, manifest.digest, image_id):
-            evidence.ignored += 1
-            continue
-        predicate = statement.get("predicate")
-        if not isinstance(predicate, dict):
-            evidence.ignored += 1
-            continue
+        predicate = statement["predicate"]
         if statement.get("predicateType") == provenance.SELFTEST:
             evidence.reports.append(predicate)
         elif statement.get("predicateType") == provenance.PROVENANCE:

@@ -267,16 +267,13 @@ def _check_attestations(
     for number, envelope in enumerate(envelopes, 1):
         where = f"attestation {number} ({str(envelope.annotations.get(provenance.PREDICATE_ANNOTATION))[:60]})"
         try:
-            statement = provenance.verify_envelope(
-                provenance.envelope_of(envelope.document, envelope.artifact_type), key
+            statement = provenance.verified_statement(
+                envelope.document, envelope.artifact_type, key, found.digest, found.image_id
             )
         except UserError as error:
             found.problems.append(f"{where}: {error.message}")
             continue
-        if not provenance.is_about(statement, found.digest, found.image_id):
-            found.problems.append(f"{where}: signed, but about another digest or image")
-            continue
-        predicate_type, predicate = statement.get("predicateType"), statement.get("predicate") or {}
+        predicate_type, predicate = statement.get("predicateType"), statement["predicate"]
         if predicate_type == provenance.PROVENANCE:
             kinds.add("provenance")
             _check_provenance(predicate, found, grid)

@@ -232,7 +232,6 @@ def test_the_gpu_stage_skips_a_digest_that_already_carries_the_keys_gpu_pass(mon
             raise AssertionError(f"the engine was used ({name}) for a digest that needs no new GPU run")
 
     monkeypatch.setattr(smoke, "has_nvidia_runtime", lambda engine: True)
-    monkeypatch.setattr(staging.existing, "published_build_id", lambda *args: "b" * 32)
     evidence = trust.Evidence(reports=[gpu_report()], provenance_problem=None)
     monkeypatch.setattr(trust, "signed_evidence", lambda *args: evidence)
     said: list[str] = []
