@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import updates  # benchmarks/updates.py, beside this file (the bench runs as a script)
 from rich.console import Console
 from rich.table import Table
 
@@ -505,6 +506,52 @@ def _push_and_pull(client: docker.DockerClient, reference: str, base_reference: 
     return rows
 
 
+def bench_updates(grid: matrix.Matrix, cells: list[Cell]) -> list[Row]:
+    """Issue 38's rows: a Debian and a Python security fix made with `update --security` to each
+    cell (bytes users pull, rebuild against cold), devel pulled after its runtime sibling through
+    containerd (bytes fetched), and what a registry stores for the images built against their sum
+    (benchmarks/updates.py says how)."""
+    rows: list[Row] = []
+    pushed: list[updates.Pushed] = []
+    with tempfile.TemporaryDirectory() as scratch, loopback.registry(Path(scratch, "registry")) as host:
+        for cell in cells:
+            run = updates.run_fixes(grid, cell, host)
+            rows += updates.fix_rows(run, Row)
+            runtime = run.states["python"]  # the repository's own state of the cell
+            pushed.append(runtime)
+            sibling = grid.sibling(cell, "devel")
+            if sibling is None:
+                continue
+            devel = updates.build_and_push(grid, sibling, host)
+            pushed.append(devel)
+            if not containerd.available():
+                rows.append(Row(f"{sibling.name} pulled after its runtime", "-", "no ctr here", None, "-", None))
+                continue
+            fetched, own = updates.sibling_pull(host, runtime, devel)
+            rows.append(
+                Row(
+                    f"{sibling.name} pulled after {cell.name} (ctr, bytes fetched)",
+                    f"{size.human(fetched)} ({fetched / devel.total:.1%} of devel's {size.human(devel.total)})",
+                    f"devel's own layers {size.human(own)} in {devel.new_against(runtime)[0]} layers",
+                    fetched / own if own else None,
+                    "devel's own layers only (manifest and config aside)",
+                    own <= fetched <= own + (1 << 20),
+                )
+            )
+        stored, total = updates.stored_bytes(pushed), sum(image.total for image in pushed)
+        rows.append(
+            Row(
+                f"registry storage for the {len(pushed)} images built ({', '.join(image.tag for image in pushed)})",
+                size.human(stored),
+                f"sum of the images {size.human(total)}",
+                stored / total,
+                "reported (cells share layers only with their flavor sibling: other bases and Pythons differ)",
+                None,
+            )
+        )
+    return rows
+
+
 def bench_fresh(grid: matrix.Matrix, results: list[build.BuildResult]) -> Row:
     """`./nox -s build` on a fresh machine, short of its apt installs (on this machine already):
     the flagship with an empty cache (no wheels, no .debs, no bootstrapped base), its image and
@@ -751,7 +798,7 @@ def bench_offline(grid: matrix.Matrix, cell: Cell, path: Path) -> list[Row]:
 
 BENCHMARKS = [
     "rebuild", "lock", "downloads", "selftest", "normalize", "fresh", "size", "pushpull", "zstd", "skip-existing",
-    "arm64", "offline",
+    "arm64", "offline", "updates",
 ]  # fmt: skip
 
 
@@ -815,6 +862,8 @@ def main(argv: list[str] | None = None) -> int:
             rows += bench_arm64(results)
         if "offline" not in args.skip:
             rows += bench_offline(grid, cell, Path(args.matrix))
+        if "updates" not in args.skip:
+            rows += bench_updates(grid, [cell, grid.flagship] if cell != grid.flagship else [cell])
     finally:
         build.discard_intermediates(daemon.client(), results)
     table = Table(title="torch-images benchmarks")

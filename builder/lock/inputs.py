@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TypeVar
 
+from builder.config import layout
 from builder.errors import UserError
 from builder.lock import debian
 from builder.lock.requirements import (
@@ -21,6 +23,7 @@ from builder.lock.requirements import (
     Lockfile,
     flavor_fingerprint,
     flavor_requirements,
+    layer_lock,
     stack_fingerprint,
     verify_flavor,
     verify_stack,
@@ -41,7 +44,17 @@ class CellLocks:
 
     @property
     def python_locks(self) -> list[Lockfile]:
-        return [lock for lock in (self.stack, self.flavor) if lock is not None]
+        """Every lock a build serves: the stack lock, the part of it each layer installs, the flavor's."""
+        layers = [part for _, part in self.stack_layers]
+        return [lock for lock in (self.stack, *layers, self.flavor) if lock is not None]
+
+    @cached_property
+    def stack_layers(self) -> list[tuple[str, Lockfile]]:
+        """The torch stack's layers in install order (data/layout.yaml), each with its part of the lock."""
+        if self.stack is None:
+            return []
+        groups = layout.load().split(list(self.stack.packages))
+        return [(name, layer_lock(self.stack, members, name)) for name, members in groups]
 
 
 def _if_present(path: Path, read: Callable[[Path], Read]) -> Read | None:

@@ -81,6 +81,24 @@ class Lockfile:
         return next((p.version for n, p in sorted(self.packages.items()) if n.startswith(prefix)), None)
 
 
+def layer_lock(lock: Lockfile, names: list[str], layer: str) -> Lockfile:
+    """The part of a lock one layer installs: the named entries with their hashes, in the lock's
+    own grammar (no header, no comments), as `requirements.<layer>.lock` beside it. A layer's RUN
+    step names this file by its sha256, so the step's text, and the engine's cache key for it,
+    moves only when one of its own packages moves, not when another layer's does."""
+    missing = [name for name in names if name not in lock.packages]
+    if missing:
+        raise UserError(f"not in the lock: {', '.join(missing)}; run `python -m builder lock` again", lock.path)
+    text = "".join(_entry_text(lock.packages[name]) for name in names)
+    path = lock.path.with_name(f"{lock.path.stem}.{layer}{lock.path.suffix}")
+    return Lockfile(path, None, {name: lock.packages[name] for name in names}, True, text)
+
+
+def _entry_text(package: LockedPackage) -> str:
+    hashes = " \\\n".join(f"    --hash=sha256:{digest}" for digest in package.hashes)
+    return f"{package.name}=={package.version} \\\n{hashes}\n"
+
+
 # The only lines `lock` writes (uv pip compile --generate-hashes --no-header, and the header): a lock
 # is read by this grammar, line by line, and anything else is refused. pip's reader differs from any
 # other (a comment ending in a backslash joins the next line for some readers and not for pip; `#`

@@ -23,7 +23,6 @@ SUPPORT_FILES = (
             "settle-layer.sh",
             "hardlink-duplicates.py",
             "link-cuda-home.sh",
-            "lock-subset.py",
             "prune-paths.py",
             "owners-of.sh",
         )

@@ -59,7 +59,9 @@ ENV VIRTUAL_ENV=/opt/venv \
 # ---- torch stack: exactly the files requirements.lock names, verified by sha256 ---------
 # Wheels come from the host's wheelhouse over loopback (build with host networking): no
 # wheel file, pip cache or host certificate enters a layer. One layer per package group
-# (data/layout.yaml), so no layer holds the whole stack:
+# (data/layout.yaml), least often changed first; each step fetches only its part of the lock
+# (requirements.<group>.lock, by its sha256), so a step's text, and the engine's cache key,
+# moves only when one of its own packages does:
 #   cudnn: nvidia-cudnn-cu12
 #   cuda-runtime: nvidia-cuda-runtime-cu12, nvidia-nccl-cu12
 #   triton: triton
@@ -70,20 +72,14 @@ RUN python3 -m venv /opt/venv \
       http://127.0.0.1:8741/files/d6190d4aef350c03/hardlink-duplicates.py /opt/torch-images/hardlink-duplicates.py \
  && echo "d6190d4aef350c0303c2643033010f3910f89f0f0d92ee4b25ceabd4f5c4622e  /opt/torch-images/hardlink-duplicates.py" | sha256sum --check --quiet \
  && python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
-      http://127.0.0.1:8741/files/797d1ecdb1bcef6f/lock-subset.py /opt/torch-images/lock-subset.py \
- && echo "797d1ecdb1bcef6fe5e064c4e9e41e5c4a4fff7111980ea44cc585a50b62a688  /opt/torch-images/lock-subset.py" | sha256sum --check --quiet \
- && python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
       http://127.0.0.1:8741/files/a3f382c8b7f98f1b/prune-paths.py /opt/torch-images/prune-paths.py \
  && echo "a3f382c8b7f98f1b29c295c3dafb80a8fda3b97a636dec4153b7c427e10c08b1  /opt/torch-images/prune-paths.py" | sha256sum --check --quiet \
  && python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
-      http://127.0.0.1:8741/locks/f5bb8382c70c1820/requirements.lock /tmp/requirements.lock \
- && echo "f5bb8382c70c182084fd2a53ea78b667fb9ac122e9b6df8ec7e8378daae752e0  /tmp/requirements.lock" | sha256sum --check --quiet \
- && python /opt/torch-images/lock-subset.py /tmp/requirements.lock \
-      nvidia-cudnn-cu12 \
-      > /tmp/group.txt \
+      http://127.0.0.1:8741/locks/41d1b158d26c401d/requirements.cudnn.lock /tmp/requirements.cudnn.lock \
+ && echo "41d1b158d26c401d605f788dfda0c4cbe9ae8605b77cf8b25db0eb7f6bbd1f07  /tmp/requirements.cudnn.lock" | sha256sum --check --quiet \
  && pip install --no-index --no-cache-dir --require-hashes --no-deps \
-      --find-links http://127.0.0.1:8741/locks/f5bb8382c70c1820/ \
-      -r /tmp/group.txt \
+      --find-links http://127.0.0.1:8741/locks/41d1b158d26c401d/ \
+      -r /tmp/requirements.cudnn.lock \
  && python /opt/torch-images/prune-paths.py /opt/venv/lib/python3.11/site-packages \
       'triton/backends/amd/lib/libtriton_amd_codegen.so' \
       'triton/backends/nvidia/lib/cupti*/*_static.a' \
@@ -97,14 +93,11 @@ RUN python3 -m venv /opt/venv \
  && python /opt/torch-images/hardlink-duplicates.py /opt/venv \
  && sh /opt/torch-images/settle-layer.sh
 RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
-      http://127.0.0.1:8741/locks/f5bb8382c70c1820/requirements.lock /tmp/requirements.lock \
- && echo "f5bb8382c70c182084fd2a53ea78b667fb9ac122e9b6df8ec7e8378daae752e0  /tmp/requirements.lock" | sha256sum --check --quiet \
- && python /opt/torch-images/lock-subset.py /tmp/requirements.lock \
-      nvidia-cuda-runtime-cu12 nvidia-nccl-cu12 \
-      > /tmp/group.txt \
+      http://127.0.0.1:8741/locks/a9fcead92fe44d6e/requirements.cuda-runtime.lock /tmp/requirements.cuda-runtime.lock \
+ && echo "a9fcead92fe44d6edb1cf7b1f4e6e84f1a89633e65cc0a838ff4711780042f1a  /tmp/requirements.cuda-runtime.lock" | sha256sum --check --quiet \
  && pip install --no-index --no-cache-dir --require-hashes --no-deps \
-      --find-links http://127.0.0.1:8741/locks/f5bb8382c70c1820/ \
-      -r /tmp/group.txt \
+      --find-links http://127.0.0.1:8741/locks/a9fcead92fe44d6e/ \
+      -r /tmp/requirements.cuda-runtime.lock \
  && python /opt/torch-images/prune-paths.py /opt/venv/lib/python3.11/site-packages \
       'triton/backends/amd/lib/libtriton_amd_codegen.so' \
       'triton/backends/nvidia/lib/cupti*/*_static.a' \
@@ -118,14 +111,11 @@ RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv
  && python /opt/torch-images/hardlink-duplicates.py /opt/venv \
  && sh /opt/torch-images/settle-layer.sh
 RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
-      http://127.0.0.1:8741/locks/f5bb8382c70c1820/requirements.lock /tmp/requirements.lock \
- && echo "f5bb8382c70c182084fd2a53ea78b667fb9ac122e9b6df8ec7e8378daae752e0  /tmp/requirements.lock" | sha256sum --check --quiet \
- && python /opt/torch-images/lock-subset.py /tmp/requirements.lock \
-      triton \
-      > /tmp/group.txt \
+      http://127.0.0.1:8741/locks/d6a689b0043929cc/requirements.triton.lock /tmp/requirements.triton.lock \
+ && echo "d6a689b0043929ccfc5b00911077eb81c28f8baa19d581c8065f2bc74b114d1e  /tmp/requirements.triton.lock" | sha256sum --check --quiet \
  && pip install --no-index --no-cache-dir --require-hashes --no-deps \
-      --find-links http://127.0.0.1:8741/locks/f5bb8382c70c1820/ \
-      -r /tmp/group.txt \
+      --find-links http://127.0.0.1:8741/locks/d6a689b0043929cc/ \
+      -r /tmp/requirements.triton.lock \
  && python /opt/torch-images/prune-paths.py /opt/venv/lib/python3.11/site-packages \
       'triton/backends/amd/lib/libtriton_amd_codegen.so' \
       'triton/backends/nvidia/lib/cupti*/*_static.a' \
@@ -139,14 +129,11 @@ RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv
  && python /opt/torch-images/hardlink-duplicates.py /opt/venv \
  && sh /opt/torch-images/settle-layer.sh
 RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
-      http://127.0.0.1:8741/locks/f5bb8382c70c1820/requirements.lock /tmp/requirements.lock \
- && echo "f5bb8382c70c182084fd2a53ea78b667fb9ac122e9b6df8ec7e8378daae752e0  /tmp/requirements.lock" | sha256sum --check --quiet \
- && python /opt/torch-images/lock-subset.py /tmp/requirements.lock \
-      torch \
-      > /tmp/group.txt \
+      http://127.0.0.1:8741/locks/73557a31ce109eb3/requirements.torch.lock /tmp/requirements.torch.lock \
+ && echo "73557a31ce109eb3313c38c41e6091940f3cf1597a18876379d5d514d499604a  /tmp/requirements.torch.lock" | sha256sum --check --quiet \
  && pip install --no-index --no-cache-dir --require-hashes --no-deps \
-      --find-links http://127.0.0.1:8741/locks/f5bb8382c70c1820/ \
-      -r /tmp/group.txt \
+      --find-links http://127.0.0.1:8741/locks/73557a31ce109eb3/ \
+      -r /tmp/requirements.torch.lock \
  && python /opt/torch-images/prune-paths.py /opt/venv/lib/python3.11/site-packages \
       'triton/backends/amd/lib/libtriton_amd_codegen.so' \
       'triton/backends/nvidia/lib/cupti*/*_static.a' \
@@ -160,14 +147,11 @@ RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv
  && python /opt/torch-images/hardlink-duplicates.py /opt/venv \
  && sh /opt/torch-images/settle-layer.sh
 RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
-      http://127.0.0.1:8741/locks/f5bb8382c70c1820/requirements.lock /tmp/requirements.lock \
- && echo "f5bb8382c70c182084fd2a53ea78b667fb9ac122e9b6df8ec7e8378daae752e0  /tmp/requirements.lock" | sha256sum --check --quiet \
- && python /opt/torch-images/lock-subset.py /tmp/requirements.lock \
-      numpy \
-      > /tmp/group.txt \
+      http://127.0.0.1:8741/locks/1c8deb62769b9df6/requirements.rest.lock /tmp/requirements.rest.lock \
+ && echo "1c8deb62769b9df6ebc80442343b8281f3e929ecae6c6055fe6d5ca68d1b8220  /tmp/requirements.rest.lock" | sha256sum --check --quiet \
  && pip install --no-index --no-cache-dir --require-hashes --no-deps \
-      --find-links http://127.0.0.1:8741/locks/f5bb8382c70c1820/ \
-      -r /tmp/group.txt \
+      --find-links http://127.0.0.1:8741/locks/1c8deb62769b9df6/ \
+      -r /tmp/requirements.rest.lock \
  && python /opt/torch-images/prune-paths.py /opt/venv/lib/python3.11/site-packages \
       'triton/backends/amd/lib/libtriton_amd_codegen.so' \
       'triton/backends/nvidia/lib/cupti*/*_static.a' \
@@ -178,9 +162,14 @@ RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv
       'sympy/**/tests' \
       'networkx/**/tests' \
       'mpmath/tests' \
- && cp /tmp/requirements.lock /opt/torch-images/requirements.lock \
+ && python /opt/torch-images/hardlink-duplicates.py /opt/venv \
+ && sh /opt/torch-images/settle-layer.sh
+# What the stack is, for downstream `pip install` and for reading: the whole lock and what pip
+# says it installed. A layer of its own (a few KB), the only one every lock change moves.
+RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
+      http://127.0.0.1:8741/locks/f5bb8382c70c1820/requirements.lock /opt/torch-images/requirements.lock \
+ && echo "f5bb8382c70c182084fd2a53ea78b667fb9ac122e9b6df8ec7e8378daae752e0  /opt/torch-images/requirements.lock" | sha256sum --check --quiet \
  && pip freeze --all --exclude pip > /opt/torch-images/constraints.txt \
- && python /opt/torch-images/hardlink-duplicates.py /opt/venv \
  && sh /opt/torch-images/settle-layer.sh
 # Downstream `pip install` keeps torch and its CUDA libraries as locked.
 ENV PIP_CONSTRAINT=/opt/torch-images/constraints.txt
