@@ -18,9 +18,11 @@ import contextlib
 import dataclasses
 import json
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,24 +222,54 @@ def fix_rows(run: FixRun, Row: Any) -> list[Any]:
 # ---------------------------------------------------------------- siblings and the registry
 
 
-def content_bytes(namespace: str) -> int:
-    """The bytes containerd's content store holds in a namespace (what its pulls fetched)."""
-    listing = containerd.ctr(namespace, "content", "ls", "-q")
-    total = 0
-    for digest in listing.split():
-        info = containerd.ctr(namespace, "content", "info", digest)
-        total += int(json.loads(info)["Size"]) if info.lstrip().startswith("{") else 0
-    return total
+class CountingRelay:
+    """A TCP relay on loopback in front of the registry that counts the bytes it sends back: what
+    a client's pull fetched over the wire, whatever it asked for."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.rsplit(":", 1)
+        self.target = (host, int(port))
+        self.received = 0
+        self.lock = threading.Lock()
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.host = f"127.0.0.1:{self.server.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = self.server.accept()
+                upstream = socket.create_connection(self.target)
+                threading.Thread(target=self._pipe, args=(client, upstream, False), daemon=True).start()
+                threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, count: bool) -> None:
+        with contextlib.suppress(OSError):
+            while chunk := source.recv(1 << 16):
+                if count:
+                    with self.lock:
+                        self.received += len(chunk)
+                sink.sendall(chunk)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.server.close()
 
 
 def sibling_pull(host: str, runtime: Pushed, devel: Pushed) -> tuple[int, int]:
-    """(bytes containerd fetched pulling devel after its runtime sibling, devel's own layers' bytes)."""
-    containerd.clear(CTR_NAMESPACE)
-    containerd.pull(CTR_NAMESPACE, f"{host}/bench:{runtime.tag}", plain_http=True)
-    held = content_bytes(CTR_NAMESPACE)
-    containerd.pull(CTR_NAMESPACE, f"{host}/bench:{devel.tag}", plain_http=True)
-    fetched = content_bytes(CTR_NAMESPACE) - held
-    containerd.clear(CTR_NAMESPACE)
+    """(bytes containerd fetched over the wire pulling devel after its runtime sibling, devel's own
+    layers' compressed bytes)."""
+    relay = CountingRelay(host)
+    try:
+        containerd.clear(CTR_NAMESPACE)
+        containerd.pull(CTR_NAMESPACE, f"{relay.host}/bench:{runtime.tag}", plain_http=True)
+        held = relay.received
+        containerd.pull(CTR_NAMESPACE, f"{relay.host}/bench:{devel.tag}", plain_http=True)
+        fetched = relay.received - held
+    finally:
+        relay.close()
+        containerd.clear(CTR_NAMESPACE)
     return fetched, devel.new_against(runtime)[1]
 
 

@@ -66,7 +66,7 @@ ENV VIRTUAL_ENV=/opt/venv \
 #   cuda-runtime: nvidia-cuda-runtime-cu12, nvidia-nccl-cu12
 #   triton: triton
 #   torch: torch
-#   rest: numpy
+#   numerics: numpy
 RUN python3 -m venv /opt/venv \
  && python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
       http://127.0.0.1:8741/files/d6190d4aef350c03/hardlink-duplicates.py /opt/torch-images/hardlink-duplicates.py \
@@ -147,11 +147,11 @@ RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv
  && python /opt/torch-images/hardlink-duplicates.py /opt/venv \
  && sh /opt/torch-images/settle-layer.sh
 RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
-      http://127.0.0.1:8741/locks/1c8deb62769b9df6/requirements.rest.lock /tmp/requirements.rest.lock \
- && echo "1c8deb62769b9df6ebc80442343b8281f3e929ecae6c6055fe6d5ca68d1b8220  /tmp/requirements.rest.lock" | sha256sum --check --quiet \
+      http://127.0.0.1:8741/locks/1c8deb62769b9df6/requirements.numerics.lock /tmp/requirements.numerics.lock \
+ && echo "1c8deb62769b9df6ebc80442343b8281f3e929ecae6c6055fe6d5ca68d1b8220  /tmp/requirements.numerics.lock" | sha256sum --check --quiet \
  && pip install --no-index --no-cache-dir --require-hashes --no-deps \
       --find-links http://127.0.0.1:8741/locks/1c8deb62769b9df6/ \
-      -r /tmp/requirements.rest.lock \
+      -r /tmp/requirements.numerics.lock \
  && python /opt/torch-images/prune-paths.py /opt/venv/lib/python3.11/site-packages \
       'triton/backends/amd/lib/libtriton_amd_codegen.so' \
       'triton/backends/nvidia/lib/cupti*/*_static.a' \
