@@ -552,6 +552,87 @@ def bench_updates(grid: matrix.Matrix, cells: list[Cell]) -> list[Row]:
     return rows
 
 
+LAZY_RATIO = 0.4
+
+
+def bench_lazy(grid: matrix.Matrix, cell: Cell | None = None) -> list[Row]:
+    """The flagship's first start on an empty node: gzip, zstd and lazy (SOCI) forms, each from
+    the pull's start to `import torch` finishing in a container (benchmarks/lazy.py says how)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests/support
+    import lazy
+
+    from tests import registry_fixtures
+
+    if not lazy.available():
+        return [Row("first start, lazy (SOCI)", "-", "no containerd or ctr here", None, "-", None)]
+    client = daemon.client()
+    cell = cell or grid.flagship
+    reference = build.local_reference(grid, cell)
+    with tempfile.TemporaryDirectory() as scratch, loopback.registry(Path(scratch, "registry")) as host:
+        api = Registry(host)
+        client.images.get(reference).tag(f"{host}/bench", "gzip")
+        _push(client, f"{host}/bench", "gzip")
+        build.remove_image(client, f"{host}/bench:gzip")
+        gzip_form = api.manifest("bench", "gzip")
+        assert gzip_form is not None
+        zstd_form = recompress.push_zstd_form(
+            client, api, "bench", gzip_form, grid.spec.publish.zstd_level, lambda _: None
+        )
+        api.put_manifest("bench", "zstd", zstd_form)
+        # The same storage served over HTTPS as well: soci-snapshotter 0.4 fetches SOCI indexes
+        # over HTTPS only. Every form is pulled from there, through a relay that counts bytes.
+        pki = registry_fixtures.server_certificate(Path(scratch, "pki"))
+        secure_root = Path(scratch, "registry-tls")
+        secure_root.mkdir()
+        (secure_root / "data").symlink_to(Path(scratch, "registry", "data"))
+        root = Path(scratch, "node")
+        with loopback.registry(secure_root, tls=loopback.Tls(pki.certificate, pki.key)) as secure:
+            index = lazy.publish_index(root, pki.ca, f"{secure}/bench:gzip")
+            relays = [updates.CountingRelay(secure), updates.CountingRelay(host)]  # HTTPS, and plain HTTP for layers
+            starts: dict[str, tuple[lazy.FirstStart, int]] = {}
+            try:
+                for form, tag, mirror in (
+                    ("gzip", "gzip", None),
+                    ("zstd", "zstd", None),
+                    ("lazy", "gzip", relays[1].host),
+                ):
+                    before = sum(relay.received for relay in relays)
+                    start = lazy.first_start(root, pki.ca, f"{relays[0].host}/bench:{tag}", mirror)
+                    starts[form] = (start, sum(relay.received for relay in relays) - before)
+            finally:
+                for relay in relays:
+                    relay.close()
+    gzip_s = starts["gzip"][0].seconds
+    image_bytes = sum(layer["size"] for layer in json.loads(gzip_form.body)["layers"])
+
+    def measured(form: str) -> str:
+        start, fetched = starts[form]
+        return (
+            f"{start.seconds:.0f} s (pull {start.pull_seconds:.0f} s, then the import), "
+            f"{size.human(fetched)} fetched, {start.lazy_layers} layers mounted lazily; printed {start.output!r}"
+        )
+
+    ratio = starts["lazy"][0].seconds / gzip_s
+    return [
+        Row(
+            f"first start on an empty node, {cell.name}: lazy (SOCI index, soci-snapshotter 0.4.1)",
+            measured("lazy"),
+            f"gzip {measured('gzip')}; gzip image {size.human(image_bytes)}; index: {index}",
+            ratio,
+            f"<= {LAZY_RATIO} of gzip",
+            ratio <= LAZY_RATIO,
+        ),
+        Row(
+            f"first start on an empty node, {cell.name}: zstd form",
+            measured("zstd"),
+            f"gzip {gzip_s:.0f} s",
+            starts["zstd"][0].seconds / gzip_s,
+            "reported",
+            None,
+        ),
+    ]
+
+
 def bench_fresh(grid: matrix.Matrix, results: list[build.BuildResult]) -> Row:
     """`./nox -s build` on a fresh machine, short of its apt installs (on this machine already):
     the flagship with an empty cache (no wheels, no .debs, no bootstrapped base), its image and
@@ -798,7 +879,7 @@ def bench_offline(grid: matrix.Matrix, cell: Cell, path: Path) -> list[Row]:
 
 BENCHMARKS = [
     "rebuild", "lock", "downloads", "selftest", "normalize", "fresh", "size", "pushpull", "zstd", "skip-existing",
-    "arm64", "offline", "updates",
+    "arm64", "offline", "updates", "lazy",
 ]  # fmt: skip
 
 
@@ -864,6 +945,8 @@ def main(argv: list[str] | None = None) -> int:
             rows += bench_offline(grid, cell, Path(args.matrix))
         if "updates" not in args.skip:
             rows += bench_updates(grid, [cell, grid.flagship] if cell != grid.flagship else [cell])
+        if "lazy" not in args.skip:
+            rows += bench_lazy(grid)
     finally:
         build.discard_intermediates(daemon.client(), results)
     table = Table(title="torch-images benchmarks")

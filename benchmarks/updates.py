@@ -72,6 +72,7 @@ class FixRun:
     cell: str
     states: dict[str, Pushed] = dataclasses.field(default_factory=dict)  # before, debian, python
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # debian, python, cold rebuilds
+    phases: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)  # where each build's time went
     cold_id: str = ""
     recorded: str | None = None
 
@@ -174,13 +175,21 @@ def run_fixes(grid: matrix.Matrix, cell: Cell, host: str) -> FixRun:
             for fix, osv in (("debian", []), ("python", ["--osv", str(OSV_FIXTURES)])):
                 _builder(matrix_path, "update", "--security", cell.name, *osv)
                 result = _build(client, matrix_path, cell.name, kept, no_cache=False)
-                run.seconds[fix] = result.seconds
+                run.seconds[fix], run.phases[fix] = result.seconds, result.phases
                 run.states[fix] = _push(client, host, result.reference, f"{cell.name}-{fix}")
             cold = _build(client, matrix_path, cell.name, kept, no_cache=True)
-            run.seconds["cold"], run.cold_id = cold.seconds, cold.image_id
+            run.seconds["cold"], run.phases["cold"], run.cold_id = cold.seconds, cold.phases, cold.image_id
     finally:
         build.discard_intermediates(client, kept)
     return run
+
+
+def where_time_went(phases: dict[str, float]) -> str:
+    """The engine's build and the canonical pass, as build_cell timed them."""
+    engine, canonical = phases.get("engine", 0.0), phases.get("normalize", 0.0)
+    parts = ", ".join(f"{name.removeprefix('normalize.')} {seconds:.0f} s" for name, seconds in phases.items()
+                      if name.startswith("normalize."))  # fmt: skip
+    return f"engine {engine:.0f} s + canonical pass {canonical:.0f} s ({parts})"
 
 
 def fix_rows(run: FixRun, Row: Any) -> list[Any]:
@@ -208,8 +217,9 @@ def fix_rows(run: FixRun, Row: Any) -> list[Any]:
             Row(
                 f"{fix.capitalize()} security fix ({what}, update --security), {run.cell}: pulled, rebuild",
                 f"{size.human(fetched)} in {layers} of {len(state.diff_ids)} layers ({share:.1%} of "
-                f"{size.human(state.total)} compressed); rebuild {run.seconds[fix]:.0f} s",
-                f"cold build {run.seconds['cold']:.0f} s ({same})",
+                f"{size.human(state.total)} compressed); rebuild {run.seconds[fix]:.0f} s: "
+                + where_time_went(run.phases[fix]),
+                f"cold build {run.seconds['cold']:.0f} s: {where_time_went(run.phases['cold'])} ({same})",
                 ratio,
                 f"<= {FIX_SHARE_TARGET:.0%} of the image" + (f", rebuild <= {REBUILD_RATIO_TARGET}" if python else ""),
                 share <= FIX_SHARE_TARGET and fast_enough and reproduced,

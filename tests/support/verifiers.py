@@ -23,6 +23,9 @@ DEBS = {
                "d8622ebffce1d69197288fc030ff06a4c247af5507107f85c5a878870b686b23"),
     "oras": ("pool/main/o/oras/oras_1.3.3-1_amd64.deb",
              "474f8451e880a64d7daed412baa52febd1c7d988ed778eadac00bdcbdad53af4"),
+    # soci and soci-snapshotter-grpc, AWS's lazy-pulling snapshotter for containerd (the bench).
+    "soci-snapshotter": ("pool/main/g/golang-github-awslabs-soci-snapshotter/soci-snapshotter_0.4.1-6_amd64.deb",
+                         "987a1c8486a77d425e1e18e1c1fce9a6f84bd0a5c57eef49b0c38b70494cc725"),
 }  # fmt: skip
 
 
@@ -30,9 +33,11 @@ def _root() -> Path:
     return paths.cache_dir("verifiers")
 
 
-def tool(name: str) -> Path:
-    """The unpacked binary (fetched and checked the first time)."""
-    pool_path, sha256 = DEBS[name]
+def tool(name: str, package: str | None = None) -> Path:
+    """The unpacked binary `name` of a pinned package (by default the one named alike), fetched
+    and checked the first time."""
+    package = package or name
+    pool_path, sha256 = DEBS[package]
     deb = _root() / Path(pool_path).name
     if not deb.is_file() or hashlib.sha256(deb.read_bytes()).hexdigest() != sha256:
         partial = deb.with_suffix(".partial")
@@ -42,7 +47,7 @@ def tool(name: str) -> Path:
             partial.unlink()
             raise RuntimeError(f"{pool_path}: sha256 {actual}, pinned {sha256}")
         partial.rename(deb)
-    unpacked = _root() / f"{name}-{sha256[:12]}"
+    unpacked = _root() / f"{package}-{sha256[:12]}"
     binary = unpacked / "usr" / "bin" / name
     if not binary.is_file():
         subprocess.run(["dpkg-deb", "-x", str(deb), str(unpacked)], check=True)
