@@ -13,6 +13,7 @@ from builder.lock import debian, inputs
 from builder.lock import requirements as lock
 from builder.plan.matrix import Matrix, load_matrix
 from builder.render import render
+from builder.repro import normalize
 from tests.conftest import lock_entry
 from tests.unit.test_debs import pinned
 from tests.unit.test_lock import LOCK_TEXT
@@ -99,3 +100,43 @@ def test_trtllm_flavor_renders_its_system_packages_lock_and_cuda_home(matrix_fil
     for expected in ("openmpi-bin=4.1.4-3+b1", "libpython3-dev", "/opt/torch-images/flavor.lock", "CUDA_HOME"):
         assert expected in flavor_part, expected
     assert 'io.torch-images.tensorrt-llm="1.0.0"' in dockerfile
+
+
+def test_moving_one_package_changes_only_its_layers_step_and_the_lock_record(grid: Matrix) -> None:
+    # Each torch-stack step names only its own part of the lock (by sha256), so the engine's cache
+    # key of every other step stays: a fix to numpy rebuilds one package layer, not the stack.
+    cell = grid.cell("2.9.1-cu12.8-bookworm-runtime")
+    read = inputs.read(cell, grid)
+    original = read.stack
+    assert original is not None
+
+    def with_stack(text: str) -> inputs.CellLocks:
+        stack = dataclasses.replace(original, text=text, packages=lock.parse_lock(text, original.path))
+        return dataclasses.replace(read, stack=stack)
+
+    # jinja2: in no fact of the cell's spec.json (numpy would also move the self-test's step, whose spec names it)
+    before = with_stack(original.text + lock_entry("jinja2", "3.1.5", "e" * 64))
+    after = with_stack(original.text + lock_entry("jinja2", "3.1.6", "f" * 64))
+
+    def steps(locks: inputs.CellLocks) -> list[str]:
+        return normalize.dockerfile_steps(render.rendered(locks, grid)[cell.directory / "Dockerfile"])
+
+    old, new = steps(before), steps(after)
+    assert len(old) == len(new)
+    changed = [(a, b) for a, b in zip(old, new, strict=True) if a != b]
+    assert len(changed) == 2, [a[:80] for a, _ in changed]
+    layer_step, record_step = changed
+    assert "requirements.rest.lock" in layer_step[0] and "requirements.rest.lock" in layer_step[1]
+    assert "/opt/torch-images/requirements.lock" in record_step[0] and "pip freeze" in record_step[0]
+    unchanged_layers = [step for step in new if "requirements." in step and ".lock" in step and step in old]
+    assert any("requirements.torch.lock" in step for step in unchanged_layers)
+
+
+def test_each_layer_lock_holds_exactly_its_groups_entries(grid: Matrix) -> None:
+    locks = inputs.read(grid.cell("2.9.1-cu12.8-bookworm-runtime"), grid)
+    assert locks.stack is not None
+    layers = dict(locks.stack_layers)
+    assert sorted(name for part in layers.values() for name in part.packages) == sorted(locks.stack.packages)
+    assert list(layers["torch"].packages) == ["torch"]
+    assert lock.parse_lock(layers["torch"].text, layers["torch"].path) == {"torch": locks.stack.packages["torch"]}
+    assert all(part in locks.python_locks for part in layers.values())
