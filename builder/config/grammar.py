@@ -89,6 +89,7 @@ IMPACT = Grammar(r"[^\x00-\x1f\x7f-\x9f]{10,500}", "one line of 10 to 500 plain 
 REASON = Grammar(r"\s*\S[\s\S]*", "a reason (why: what the entry is for)")
 PLATFORM = Grammar(r"linux/(amd64|arm64)", 'a platform: "linux/amd64" or "linux/arm64"')
 SHA256 = Grammar(r"[0-9a-f]{64}", "64 lower-case hex digits")
+MEDIA_TYPE = Grammar(r"[a-z0-9][a-z0-9.+_-]{0,62}/[a-z0-9][a-z0-9.+_-]{0,126}", "a media type such as application/json")
 BUILD_ID = Grammar(r"[0-9a-f]{32}", "32 lower-case hex digits (a build ID)")
 # Image and layer sizes in decimal units, as `docker images` prints them.
 SIZE = Grammar(r"[0-9]+(\.[0-9]+)? ?(MB|GB)", 'a size such as "5.6 GB" or "800 MB"')

@@ -61,7 +61,7 @@ def gate(engine: docker.DockerClient, grid: Matrix, cells: list[Cell]) -> list[P
             )
             continue
         gated = reports.gate([report], image_id, cell.gpu_gate)
-        if isinstance(gated, str) and gated.startswith("no passing GPU self-test"):
+        if isinstance(gated, reports.GpuMissing):
             want_gpu.append(cell.name)  # said once for all of them, below
             continue
         if isinstance(gated, str):

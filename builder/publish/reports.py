@@ -45,6 +45,11 @@ def attached(registry: Registry, repository: str, digest: str) -> list[dict[str,
     return [registry.artifact(repository, str(entry["digest"]), smoke.MAX_REPORT_BYTES) for entry in entries]
 
 
+class GpuMissing(str):
+    """gate's refusal when the one thing missing is a GPU pass: a machine without a GPU refuses
+    every CUDA cell for this reason, and publish says it once for all of them."""
+
+
 def gate(reports: list[Any], image_id: str, gpu_gate: str) -> Gated | str:
     """The reports that pass for exactly `image_id`, or why the image may not be tagged."""
     passing = [r for r in reports if smoke.why_not_a_pass(r, image_id) is None]
@@ -69,7 +74,7 @@ def gate(reports: list[Any], image_id: str, gpu_gate: str) -> Gated | str:
     build_report = next((r for r in passing if smoke.report_kind(r) == "cpu"), passing[0])
     if gpu_gate == "required" and not on_gpu:
         reasons = sorted({smoke.why_not_a_gpu_pass(r, image_id) or "" for r in reports})
-        return (
+        return GpuMissing(
             f"no passing GPU self-test for image {image_id[7:19]}, which its CUDA tags require "
             f"({'; '.join(reasons)}); run the workflow's GPU stage (`publish --gpu-test`) on a GPU runner, "
             "or list the cell under ci.gpu_optional in the matrix"

@@ -139,13 +139,25 @@ class Artifact:
     document: dict[str, Any]
 
 
+# What publish attaches, and so what verify reads: an artifact of another type (a SOCI index for
+# lazy pulling, another tool's signature) is named, not read. It cannot add trust: the checks
+# below look only at these types.
+READ_TYPES = frozenset({*ARTIFACT_TYPES.values(), *provenance.SIGNED_TYPES})
+
+
 def _artifacts(registry: Registry, repository: str, subject: Manifest, found: ImageFindings) -> list[Artifact]:
-    """Every artifact attached to `subject` that names it as its subject; any other is a problem."""
+    """Every artifact of a type publish attaches that names `subject` as its subject; one that
+    names another is a problem. Artifacts of other types are counted in a line, not read."""
     entries = registry.referrers(repository, subject.digest)
     if len(entries) > MAX_ARTIFACTS:
         raise UserError(f"{subject.digest[:19]} lists {len(entries)} artifacts, more than {MAX_ARTIFACTS}")
+    others = sorted({_plain(entry.get("artifactType"), grammar.MEDIA_TYPE) or "no type"
+                     for entry in entries if entry.get("artifactType") not in READ_TYPES})  # fmt: skip
+    if others:
+        count = sum(1 for entry in entries if entry.get("artifactType") not in READ_TYPES)
+        found.lines.append(f"also attached, not read (not what publish attaches): {count} ({', '.join(others)})")
     artifacts = []
-    for entry in entries:
+    for entry in (e for e in entries if e.get("artifactType") in READ_TYPES):
         digest = str(entry["digest"])
         try:
             document = registry.artifact_manifest(repository, digest)

@@ -22,7 +22,7 @@ from builder.config import vex
 from builder.errors import UserError
 from builder.plan.matrix import Matrix
 from builder.publish import existing, loopback, provenance, publish, reports, staging
-from builder.publish.registry import Manifest, Registry
+from builder.publish.registry import OCI_MANIFEST, Manifest, Registry
 from tests import registry_fixtures
 from tests.integration.conftest import BuiltCell, RunningRegistry
 from tests.support import verifiers
@@ -406,6 +406,24 @@ def test_reports_sit_side_by_side_a_cpu_report_cannot_pass_a_gpu_gate_and_verify
     assert f"-> {promoted.digest}" in out and "SBOM: attached" in out
     assert "verified (unsigned: what is attached was checked, not who attached it" in captured.err
     assert out.count("cpu report on cpu: pass") == 2 and "PROBLEM" not in out
+
+    # Another tool's referrer, as `soci push` attaches a SOCI index for lazy pulling (several
+    # zTOC layers, its own artifact type), is named and not read: verify still passes.
+    soci_type = "application/vnd.amazon.soci.index.v1+json"
+    ztocs = [api.upload_blob("torch", f"ztoc {n}".encode()) for n in range(2)]
+    soci_index = {
+        "schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": soci_type,
+        "config": {"mediaType": "application/vnd.oci.empty.v1+json", "digest": api.upload_blob("torch", b"{}"),
+                   "size": 2},
+        "layers": [{"mediaType": "application/octet-stream", "digest": digest, "size": 6} for digest in ztocs],
+        "subject": {"mediaType": subject.media_type, "digest": subject.digest, "size": len(subject.body)},
+    }  # fmt: skip
+    soci_manifest = Manifest.of(json.dumps(soci_index).encode(), OCI_MANIFEST)
+    api.put_manifest("torch", soci_manifest.digest, soci_manifest)
+    api._add_to_referrers_tag("torch", subject.digest, soci_manifest, soci_type, {})
+    assert cli.main(["--matrix", str(grid.path), "verify", reference]) == 0
+    out = capsys.readouterr().out
+    assert f"also attached, not read (not what publish attaches): 1 ({soci_type})" in out and "PROBLEM" not in out
 
     # A report of another image attached to this digest, and an artifact of another digest
     # listed among its referrers, are both named and fail verify.

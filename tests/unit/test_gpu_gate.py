@@ -66,6 +66,7 @@ def test_a_cpu_report_cannot_satisfy_a_required_gpu_gate() -> None:
     assert smoke.why_not_a_pass(cpu_report(), IMAGE_ID) is None  # a full pass, on a CPU
     refused = reports.gate([cpu_report(), cpu_report()], IMAGE_ID, "required")
     assert isinstance(refused, str) and "no passing GPU self-test" in refused and "not on a CUDA device" in refused
+    assert isinstance(refused, reports.GpuMissing)  # publish says this reason once for every CUDA cell
     # a CPU report that claims the CUDA kind without naming a GPU is still no GPU report
     claimed = cpu_report()
     claimed["accelerator"] = {"kind": "cuda"}
@@ -127,6 +128,7 @@ def test_an_optional_gate_lets_an_untested_image_go_and_says_so_but_refuses_a_fa
     failed.update(status="fail", failed=["throughput"])
     refused = reports.gate([cpu_report(), failed], IMAGE_ID, "optional")
     assert isinstance(refused, str) and "its GPU self-test failed on NVIDIA H200" in refused
+    assert not isinstance(refused, reports.GpuMissing)  # a failure is never folded into "no GPU here"
 
 
 def test_a_cpu_image_has_no_gpu_column_and_gpu_reports_get_a_tag_per_model() -> None:
