@@ -148,7 +148,8 @@ def publish_index(root: Path, ca: Path, reference: str) -> str:
         prepared.soci("create", reference)
         listing = prepared.soci("index", "list")
         prepared.soci("push", "--hosts-dir", str(_hosts(root, ca, reference)), reference)
-    return listing.strip().splitlines()[-1] if listing.strip() else ""
+    fields = listing.strip().splitlines()[-1].split() if listing.strip() else []
+    return f"{fields[0][:19]}, {fields[1]} bytes" if len(fields) > 1 else "none listed"
 
 
 def _hosts(root: Path, ca: Path, reference: str) -> Path:

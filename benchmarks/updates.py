@@ -37,6 +37,7 @@ from builder.lock import requirements as lock
 from builder.plan import matrix
 from builder.plan.cell import Cell
 from builder.publish.registry import Registry
+from builder.repro import recorded
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 OSV_FIXTURES = REPOSITORY / "tests" / "fixtures" / "osv"
@@ -70,6 +71,7 @@ class Pushed:
 @dataclass
 class FixRun:
     cell: str
+    flagship: bool  # the issue's targets are the flagship's; the CPU cell's rows are reported beside it
     states: dict[str, Pushed] = dataclasses.field(default_factory=dict)  # before, debian, python
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # debian, python, cold rebuilds
     phases: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)  # where each build's time went
@@ -163,9 +165,9 @@ def _build(
 def run_fixes(grid: matrix.Matrix, cell: Cell, host: str) -> FixRun:
     """Build the cell before the fixes, after the Debian one, after the Python one, then cold."""
     client = daemon.client()
-    run = FixRun(cell.name)
-    recorded = cell.directory / "image-id"
-    run.recorded = recorded.read_text().strip() if recorded.is_file() else None
+    run = FixRun(cell.name, cell == grid.flagship)
+    record = recorded.read(cell)
+    run.recorded = record.image_id if record else None
     kept: list[build.BuildResult] = []
     try:
         with scratch_project(grid) as matrix_path:
@@ -198,6 +200,7 @@ def fix_rows(run: FixRun, Row: Any) -> list[Any]:
     previous = run.states["before"]
     last = run.states["python"]
     reproduced = run.cold_id == last.image_id
+    as_recorded = run.recorded in (None, last.image_id)  # the last state is the repository's own
     same = "cold build gives the same image ID" if reproduced else (
         f"cold build gives ANOTHER image ID ({run.cold_id[:19]})"
     )  # fmt: skip
@@ -221,8 +224,10 @@ def fix_rows(run: FixRun, Row: Any) -> list[Any]:
                 + where_time_went(run.phases[fix]),
                 f"cold build {run.seconds['cold']:.0f} s: {where_time_went(run.phases['cold'])} ({same})",
                 ratio,
-                f"<= {FIX_SHARE_TARGET:.0%} of the image" + (f", rebuild <= {REBUILD_RATIO_TARGET}" if python else ""),
-                share <= FIX_SHARE_TARGET and fast_enough and reproduced,
+                (f"<= {FIX_SHARE_TARGET:.0%} of the image" + (f", rebuild <= {REBUILD_RATIO_TARGET}" if python else ""))
+                if run.flagship
+                else "reported (the targets are the flagship's); the same image ID cold and as recorded",
+                reproduced and as_recorded and ((share <= FIX_SHARE_TARGET and fast_enough) or not run.flagship),
             )
         )
         previous = state

@@ -72,10 +72,17 @@ def stream(url: str, headers: dict[str, str] | None = None, timeout: float = 120
         response.close()
 
 
+def local_path(url: str) -> Path | None:
+    """The file a file:// URL names (local wheel directories, mirrors and tests); None for any other URL.
+    The one place that reads such URLs, so every reader agrees on what they name."""
+    return Path(urllib.request.url2pathname(url.removeprefix("file://"))) if url.startswith("file://") else None
+
+
 def download(url: str, target: Path, timeout: float = 120) -> None:
     """Write the body of `url` to `target` (a file:// URL is copied: local mirrors and tests)."""
-    if url.startswith("file://"):
-        shutil.copyfile(urllib.request.url2pathname(url.removeprefix("file://")), target)
+    local = local_path(url)
+    if local is not None:
+        shutil.copyfile(local, target)
         return
     with stream(url, timeout=timeout) as response, target.open("wb") as sink:
         for chunk in response.iter_content(1 << 20):

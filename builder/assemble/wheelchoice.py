@@ -11,7 +11,7 @@ from pathlib import Path
 from packaging import tags as wheel_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from builder import digests
+from builder import digests, downloads
 from builder.assemble.fileref import FileRef
 from builder.config import platform
 from builder.config.env import expand_env
@@ -51,7 +51,9 @@ def listing(project: str, index_urls: tuple[str, ...], find_links: tuple[str, ..
 
 @functools.cache
 def local_digest(wheel: pypi.WheelFile) -> str:
-    return digests.sha256_file(Path(urllib.request.url2pathname(wheel.url.removeprefix("file://"))))
+    local = downloads.local_path(wheel.url)
+    assert local is not None, wheel.url  # called for file:// wheels only
+    return digests.sha256_file(local)
 
 
 def choose(cell: Cell, grid: Matrix, lock: Lockfile) -> list[FileRef]:

@@ -22,9 +22,6 @@ import html
 import os
 import re
 import tempfile
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -108,10 +105,10 @@ class Wheelhouse:
     def _download(self, ref: FileRef, sink: tempfile._TemporaryFileWrapper[bytes]) -> str:
         digest = hashlib.sha256()
         url = ref.url
-        local = url.startswith("file://")
+        local = downloads.local_path(url)
         with contextlib.ExitStack() as stack:
-            if local:
-                source = stack.enter_context(open(urllib.request.url2pathname(url.removeprefix("file://")), "rb"))
+            if local is not None:
+                source = stack.enter_context(local.open("rb"))
                 chunks: Iterable[bytes] = iter(lambda: source.read(1 << 20), b"")
                 total = 0
             else:
@@ -125,7 +122,7 @@ class Wheelhouse:
                 digest.update(chunk)
                 sink.write(chunk)
                 received += len(chunk)
-                if not local:
+                if local is None:
                     self.bytes_downloaded += len(chunk)
                 if total >= BIG_FILE and received / total >= next_step:  # coarse steps, fit for CI logs
                     self.report(f"downloading {ref.filename}: {received / total:.0%} of {total / 1e6:.0f} MB")

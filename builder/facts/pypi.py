@@ -14,7 +14,6 @@ import io
 import json
 import re
 import tarfile
-import urllib.request
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -183,8 +182,9 @@ def _metadata_member(archive: zipfile.ZipFile) -> str:
 
 def wheel_metadata(wheel: WheelFile) -> Message:
     """The wheel's METADATA, reading only the zip directory and that one member."""
-    if wheel.url.startswith("file://"):
-        source: io.IOBase = open(urllib.request.url2pathname(wheel.url[len("file://") :]), "rb")  # noqa: SIM115
+    local = downloads.local_path(wheel.url)
+    if local is not None:
+        source: io.IOBase = local.open("rb")
     else:
         # A buffered reader turns zipfile's many small reads into a few range requests.
         source = io.BufferedReader(_RangeReader(wheel.url, _remote_size(wheel.url)), buffer_size=1 << 20)
