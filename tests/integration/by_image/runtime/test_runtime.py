@@ -153,6 +153,9 @@ class TestRuntimeImage:
         if cpu["status"] == "warn":
             assert "pytorch#188792" in cpu["message"] and cpu["metrics"]["mkl"] == "2024.2"
         assert cpu["metrics"]["inductor_isa"]  # a warning keeps the check's metrics
+        if image.cell.is_cuda:  # PyTorch's release invariant: the nvidia wheels are what torch loads, cuBLAS too
+            libraries = next(c for c in smoke_result.report["checks"] if c["check"] == "libraries")["metrics"]
+            assert libraries["cublas"] and str(libraries.get("cublas_wheel", "")).startswith(libraries["cublas"])
         assert smoke.passing_report(image.image_id) is not None
         assert smoke_result.path == smoke.report_path(image.image_id)
 
