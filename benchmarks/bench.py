@@ -43,7 +43,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import docker
 import updates  # benchmarks/updates.py, beside this file (the bench runs as a script)
@@ -467,7 +466,7 @@ def _push_and_pull(client: docker.DockerClient, reference: str, base_reference: 
         with loopback.registry(Path(scratch, "registry")) as host:
             for name, local in (("split", reference), ("one-layer", one_layer)):
                 client.images.get(local).tag(f"{host}/bench", name)
-                seconds["push", name] = _seconds(functools.partial(_push, client, f"{host}/bench", name))
+                seconds["push", name] = _seconds(functools.partial(updates.push, client, f"{host}/bench", name))
                 manifest = Registry(host).manifest("bench", name)
                 assert manifest is not None
                 compressed[name] = [layer["size"] for layer in json.loads(manifest.body)["layers"]]
@@ -570,11 +569,7 @@ def bench_lazy(grid: matrix.Matrix, cell: Cell | None = None) -> list[Row]:
     reference = build.local_reference(grid, cell)
     with tempfile.TemporaryDirectory() as scratch, loopback.registry(Path(scratch, "registry")) as host:
         api = Registry(host)
-        client.images.get(reference).tag(f"{host}/bench", "gzip")
-        _push(client, f"{host}/bench", "gzip")
-        build.remove_image(client, f"{host}/bench:gzip")
-        gzip_form = api.manifest("bench", "gzip")
-        assert gzip_form is not None
+        gzip_form = updates.push_form(client, host, reference, "gzip")
         zstd_form = recompress.push_zstd_form(
             client, api, "bench", gzip_form, grid.spec.publish.zstd_level, lambda _: None
         )
@@ -690,7 +685,7 @@ def bench_zstd(grid: matrix.Matrix) -> list[Row]:
     with tempfile.TemporaryDirectory() as scratch, loopback.registry(Path(scratch, "registry")) as host:
         api = Registry(host)
         client.images.get(reference).tag(f"{host}/bench", "gzip")
-        push_s = _seconds(functools.partial(_push, client, f"{host}/bench", "gzip"))
+        push_s = _seconds(functools.partial(updates.push, client, f"{host}/bench", "gzip"))
         build.remove_image(client, f"{host}/bench:gzip")
         gzip_form = api.manifest("bench", "gzip")
         assert gzip_form is not None
@@ -759,13 +754,6 @@ def _zstd_cache(where: Path) -> Iterator[None]:
         yield
     finally:
         recompress.cache_dir = saved
-
-
-def _push(client: docker.DockerClient, repository: str, tag: str) -> None:
-    stream: Iterator[dict[str, Any]] = client.images.push(repository, tag, stream=True, decode=True)
-    for chunk in stream:
-        if "error" in chunk:
-            raise RuntimeError(chunk["error"])
 
 
 def _stand_in(registry: Registry, repository: str, tag: str, build_id: str) -> None:

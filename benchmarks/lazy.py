@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from builder.engine import containerd
 from tests.support import verifiers
 
 SOCI_ROOT = Path("/var/lib/soci-snapshotter-grpc")  # the soci CLI's content store: it has no option to move it
@@ -46,34 +47,29 @@ class Node:
         return self.root / "soci.sock"
 
     def ctr(self, *args: str, timeout: float = 1800) -> str:
-        return _run(["ctr", "--address", str(self.containerd_socket), "--namespace", NAMESPACE, *args], timeout)
+        return containerd.ctr(NAMESPACE, *args, timeout=timeout, address=self.containerd_socket)
 
     def soci(self, *args: str, timeout: float = 1800) -> str:
         binary = str(verifiers.tool("soci", "soci-snapshotter"))
         command = [binary, "--address", str(self.containerd_socket), "--namespace", NAMESPACE, *args]
-        return _run(command, timeout, {**os.environ, "SSL_CERT_FILE": str(self.ca)})
-
-
-def _run(command: list[str], timeout: float, env: dict[str, str] | None = None) -> str:
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False, env=env)
-    if result.returncode != 0:
-        raise RuntimeError(
-            f"{Path(command[0]).name} {' '.join(command[5:7])}: {(result.stderr or result.stdout)[-500:]}"
-        )
-    return result.stdout
+        env = {**os.environ, "SSL_CERT_FILE": str(self.ca)}
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False, env=env)
+        if result.returncode != 0:
+            raise RuntimeError(f"soci {' '.join(args[:2])}: {(result.stderr or result.stdout)[-500:]}")
+        return result.stdout
 
 
 def available() -> bool:
     return shutil.which("containerd") is not None and shutil.which("ctr") is not None
 
 
-def _config(root: Path) -> Path:
-    config = root / "containerd.toml"
+def _config(node: Node) -> Path:
+    config = node.root / "containerd.toml"
     config.write_text(
-        f'version = 2\nroot = "{root}/containerd-root"\nstate = "{root}/containerd-state"\n'
+        f'version = 2\nroot = "{node.root}/containerd-root"\nstate = "{node.root}/containerd-state"\n'
         'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
-        f'[grpc]\n  address = "{root}/containerd.sock"\n'
-        f'[proxy_plugins]\n  [proxy_plugins.soci]\n    type = "snapshot"\n    address = "{root}/soci.sock"\n'
+        f'[grpc]\n  address = "{node.containerd_socket}"\n'
+        f'[proxy_plugins]\n  [proxy_plugins.soci]\n    type = "snapshot"\n    address = "{node.soci_socket}"\n'
     )
     return config
 
@@ -95,6 +91,7 @@ def node(root: Path, ca: Path, mirror: tuple[str, str] | None = None) -> Iterato
     served without TLS."""
     _wipe(root)
     root.mkdir(parents=True)
+    started = Node(root, ca)
     grpc = str(verifiers.tool("soci-snapshotter-grpc", "soci-snapshotter"))
     (root / "soci.toml").write_text(
         f'[[resolver.host."{mirror[0]}".mirrors]]\n  host = "{mirror[1]}"\n' if mirror else ""
@@ -102,21 +99,21 @@ def node(root: Path, ca: Path, mirror: tuple[str, str] | None = None) -> Iterato
     logs = {name: (root / f"{name}.log").open("wb") for name in ("soci", "containerd")}
     processes = [
         subprocess.Popen(
-            [grpc, "-address", str(root / "soci.sock"), "-root", str(SOCI_ROOT), "-config", str(root / "soci.toml")],
+            [grpc, "-address", str(started.soci_socket), "-root", str(SOCI_ROOT), "-config", str(root / "soci.toml")],
             stdout=logs["soci"],
             stderr=subprocess.STDOUT,
             env={**os.environ, "SSL_CERT_FILE": str(ca)},
         )
     ]
     try:
-        _wait_for(root / "soci.sock", processes[0], root / "soci.log")
+        _wait_for(started.soci_socket, processes[0], root / "soci.log")
         processes.append(
             subprocess.Popen(
-                ["containerd", "--config", str(_config(root))], stdout=logs["containerd"], stderr=subprocess.STDOUT
+                ["containerd", "--config", str(_config(started))], stdout=logs["containerd"], stderr=subprocess.STDOUT
             )
         )
-        _wait_for(root / "containerd.sock", processes[1], root / "containerd.log")
-        yield Node(root, ca)
+        _wait_for(started.containerd_socket, processes[1], root / "containerd.log")
+        yield started
     finally:
         for process in reversed(processes):
             process.terminate()

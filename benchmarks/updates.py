@@ -36,7 +36,7 @@ from builder.lock import aptindex, audit, debian
 from builder.lock import requirements as lock
 from builder.plan import matrix
 from builder.plan.cell import Cell
-from builder.publish.registry import Registry
+from builder.publish.registry import Manifest, Registry
 from builder.repro import recorded
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -129,18 +129,28 @@ def take_back_fixes(matrix_path: Path, cell_name: str) -> None:
     _builder(matrix_path, "render")
 
 
-def _push(client: docker.DockerClient, host: str, reference: str, tag: str) -> Pushed:
-    client.images.get(reference).tag(f"{host}/bench", tag)
-    stream: Iterator[dict[str, Any]] = client.images.push(f"{host}/bench", tag, stream=True, decode=True)
+def push(client: docker.DockerClient, repository: str, tag: str) -> None:
+    """The engine's push of `repository:tag` (gzip layers), raising on the first error it streams."""
+    stream: Iterator[dict[str, Any]] = client.images.push(repository, tag, stream=True, decode=True)
     for chunk in stream:
         if "error" in chunk:
             raise RuntimeError(chunk["error"])
+
+
+def push_form(client: docker.DockerClient, host: str, reference: str, tag: str) -> Manifest:
+    """The local image `reference` pushed as `bench:<tag>` (its registry tag removed from the
+    engine again), and the manifest the registry now serves for it."""
+    client.images.get(reference).tag(f"{host}/bench", tag)
+    push(client, f"{host}/bench", tag)
     client.images.remove(f"{host}/bench:{tag}")
-    api = Registry(host)
-    manifest = api.manifest("bench", tag)
+    manifest = Registry(host).manifest("bench", tag)
     assert manifest is not None
-    body = json.loads(manifest.body)
-    config = json.loads(api.blob("bench", body["config"]["digest"]))
+    return manifest
+
+
+def _push(client: docker.DockerClient, host: str, reference: str, tag: str) -> Pushed:
+    body = json.loads(push_form(client, host, reference, tag).body)
+    config = json.loads(Registry(host).blob("bench", body["config"]["digest"]))
     return Pushed(
         tag,
         tuple(config["rootfs"]["diff_ids"]),

@@ -24,8 +24,9 @@ def available() -> bool:
     return shutil.which("ctr") is not None and socket() is not None
 
 
-def ctr(namespace: str, *args: str, timeout: float = 900) -> str:
-    address = socket()
+def ctr(namespace: str, *args: str, timeout: float = 900, address: Path | None = None) -> str:
+    """`ctr` in `namespace` against the engine's containerd, or the one listening at `address`."""
+    address = address or socket()
     if address is None or shutil.which("ctr") is None:
         raise UserError("no containerd to pull with: install containerd (its `ctr`) and start the engine")
     run = subprocess.run(

@@ -37,7 +37,7 @@ from builder.errors import UserError
 from builder.facts import pypi
 from builder.lock import aptindex, header
 from builder.lock.debian import DebianLock, fingerprint
-from builder.lock.requirements import Lockfile
+from builder.lock.requirements import Lockfile, entry_text
 from builder.plan.cell import BaseImage, Cell
 from builder.plan.matrix import Matrix
 
@@ -288,10 +288,8 @@ def with_python_fix(text: str, name: str, locked: str, fixed: str, hashes: list[
     end = start + 1
     while end < len(lines) and lines[end].startswith("    --hash="):
         end += 1
-    entry = [f"{lines[start].split('==', 1)[0]}=={fixed} \\\n"]
-    entry += [f"    --hash=sha256:{digest} \\\n" for digest in sorted(hashes)]
-    entry[-1] = entry[-1].removesuffix(" \\\n") + "\n"
-    return header.with_header(found_header.fingerprint, "".join([*lines[:start], *entry, *lines[end:]]))
+    entry = entry_text(lines[start].split("==", 1)[0], fixed, sorted(hashes))  # the name as the lock spells it
+    return header.with_header(found_header.fingerprint, "".join([*lines[:start], entry, *lines[end:]]))
 
 
 def move_python(grid: Matrix, cell: Cell, findings: list[Finding], report: Callable[[str], None]) -> list[Finding]:

@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,14 +89,16 @@ def layer_lock(lock: Lockfile, names: list[str], layer: str) -> Lockfile:
     missing = [name for name in names if name not in lock.packages]
     if missing:
         raise UserError(f"not in the lock: {', '.join(missing)}; run `python -m builder lock` again", lock.path)
-    text = "".join(_entry_text(lock.packages[name]) for name in names)
+    part = {name: lock.packages[name] for name in names}
+    text = "".join(entry_text(package.name, package.version, package.hashes) for package in part.values())
     path = lock.path.with_name(f"{lock.path.stem}.{layer}{lock.path.suffix}")
-    return Lockfile(path, None, {name: lock.packages[name] for name in names}, True, text)
+    return Lockfile(path, None, part, True, text)
 
 
-def _entry_text(package: LockedPackage) -> str:
-    hashes = " \\\n".join(f"    --hash=sha256:{digest}" for digest in package.hashes)
-    return f"{package.name}=={package.version} \\\n{hashes}\n"
+def entry_text(name: str, version: str, hashes: Iterable[str]) -> str:
+    """One entry as `lock` writes it: `name==version \\`, then a `--hash` line per file."""
+    lines = " \\\n".join(f"    --hash=sha256:{digest}" for digest in hashes)
+    return f"{name}=={version} \\\n{lines}\n"
 
 
 # The only lines `lock` writes (uv pip compile --generate-hashes --no-header, and the header): a lock

@@ -151,11 +151,10 @@ def _artifacts(registry: Registry, repository: str, subject: Manifest, found: Im
     entries = registry.referrers(repository, subject.digest)
     if len(entries) > MAX_ARTIFACTS:
         raise UserError(f"{subject.digest[:19]} lists {len(entries)} artifacts, more than {MAX_ARTIFACTS}")
-    others = sorted({_plain(entry.get("artifactType"), grammar.MEDIA_TYPE) or "no type"
-                     for entry in entries if entry.get("artifactType") not in READ_TYPES})  # fmt: skip
-    if others:
-        count = sum(1 for entry in entries if entry.get("artifactType") not in READ_TYPES)
-        found.lines.append(f"also attached, not read (not what publish attaches): {count} ({', '.join(others)})")
+    unread = [entry for entry in entries if entry.get("artifactType") not in READ_TYPES]
+    if unread:
+        kinds = sorted({_plain(entry.get("artifactType"), grammar.MEDIA_TYPE) or "no type" for entry in unread})
+        found.lines.append(f"also attached, not read (not what publish attaches): {len(unread)} ({', '.join(kinds)})")
     artifacts = []
     for entry in (e for e in entries if e.get("artifactType") in READ_TYPES):
         digest = str(entry["digest"])
