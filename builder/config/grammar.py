@@ -51,6 +51,9 @@ REGISTRY_REF = Grammar(
 TAG = Grammar(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}", "at most 128 of A-Z a-z 0-9 _ . - (not starting with . or -)")
 # A CI runner label (GitHub's runs-on, GitLab's tags): plain name characters, nothing a workflow
 # or a shell reads as syntax.
+ACTION = Grammar(r"[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}", "a GitHub action as owner/repository")
+ACTION_VERSION = Grammar(r"v[0-9]+(\.[0-9]+){0,2}", "a release tag such as v4.2.2")
+COMMIT = Grammar(r"[0-9a-f]{40}", "a commit: 40 lower-case hex digits (a tag can be moved; a commit cannot)")
 RUNNER_LABEL = Grammar(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", "a runner label such as self-hosted or gpu")
 # A relative folder inside the project: no absolute paths, no `..`.
 RELATIVE_DIR = Grammar(

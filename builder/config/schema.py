@@ -145,6 +145,10 @@ class CiSpec(Strict):
     # cells that are not jobs unless `ci` names them: their inputs are on no CI runner (wheels
     # from a folder of the build machine, say)
     exclude: list[Selector] = []
+    # GitHub's own artifact attestations beside the team key's: each staged manifest also gets
+    # SLSA provenance signed keyless by GitHub (actions/attest, Sigstore), pushed beside it as
+    # a referrer (docs/security.md: what each path proves, and the SLSA build level it gives)
+    github_attestations: bool = False
 
     def gpu_runner_for(self, arch: str) -> list[str]:
         if isinstance(self.gpu_runner, list):

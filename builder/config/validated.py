@@ -31,7 +31,7 @@ HINTS = {
         grammar.REGISTRY, grammar.REPOSITORY, grammar.RELATIVE_DIR, grammar.FIND_LINKS, grammar.SIZE,
         grammar.SHA256, grammar.DEBIAN_PACKAGE, grammar.PLATFORM, grammar.REQUIREMENT,
         grammar.PACKAGE_PATTERN, grammar.PRUNE_PATH, grammar.DPKG_PATH, grammar.REASON, grammar.VULNERABILITY,
-        grammar.CELL_PATTERN, grammar.IMPACT,
+        grammar.CELL_PATTERN, grammar.IMPACT, grammar.ACTION, grammar.ACTION_VERSION, grammar.COMMIT,
     )
 }  # fmt: skip
 Version = Annotated[str, field(grammar.VERSION)]

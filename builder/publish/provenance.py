@@ -58,6 +58,7 @@ OPENVEX = "https://openvex.dev/ns/v0.2.0"  # reviewed not-affected findings (vex
 SELFTEST = "https://torch-images.invalid/selftest/v1"  # this project's predicate: a self-test report
 BUILD_TYPE = "https://torch-images.invalid/build/v1"
 PREDICATE_ANNOTATION = "io.torch-images.predicate-type"
+COSIGN_PREDICATE_ANNOTATION = "dev.sigstore.bundle.predicateType"  # cosign's, and GitHub's attestations'
 KEY_ENVIRONMENT = "TORCH_IMAGES_SIGNING_KEY"  # a PEM private key, for CI's secret store
 MAX_KEY_BYTES = 64 << 10
 # What a gate reads of one digest's envelopes: a provenance and a report per device that ran it.
@@ -330,6 +331,14 @@ def envelope_of(document: dict[str, Any], artifact_type: str) -> dict[str, Any]:
     return envelope
 
 
+def is_keyless(document: dict[str, Any]) -> bool:
+    """A Sigstore bundle signed keyless: its verification material is a certificate from
+    Sigstore's CA (GitHub's artifact attestations are), not a public key's hint. No team key
+    can verify it; `gh attestation verify` or cosign's `--certificate-identity` does."""
+    material = document.get("verificationMaterial") if document.get("mediaType") == BUNDLE_TYPE else None
+    return isinstance(material, dict) and ("certificate" in material or "x509CertificateChain" in material)
+
+
 def verified_statement(
     document: dict[str, Any], artifact_type: str, key: SSlibKey, digest: str, image_id: str
 ) -> dict[str, Any]:
@@ -429,7 +438,7 @@ def attach(
     annotations = {
         PREDICATE_ANNOTATION: predicate_type,
         "dev.sigstore.bundle.content": "dsse-envelope",  # what cosign writes and reads
-        "dev.sigstore.bundle.predicateType": predicate_type,
+        COSIGN_PREDICATE_ANNOTATION: predicate_type,
     }
     digest: str = registry.push_artifact(
         repository, tag, bundle(statement, signer), BUNDLE_TYPE, annotations, subject_manifest

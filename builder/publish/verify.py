@@ -276,7 +276,16 @@ def _check_attestations(
     as this checkout commits them; and which attestations are missing."""
     kinds: set[str] = set()
     for number, envelope in enumerate(envelopes, 1):
-        where = f"attestation {number} ({str(envelope.annotations.get(provenance.PREDICATE_ANNOTATION))[:60]})"
+        named = envelope.annotations.get(provenance.PREDICATE_ANNOTATION) or envelope.annotations.get(
+            provenance.COSIGN_PREDICATE_ANNOTATION
+        )
+        where = f"attestation {number} ({str(named)[:60]})"
+        if provenance.is_keyless(envelope.document):  # GitHub's own, say: it proves nothing about --key
+            found.lines.append(
+                f"{where}: signed keyless (a Sigstore certificate), not by a key: not checked here; "
+                "`gh attestation verify` or cosign's --certificate-identity checks it"
+            )
+            continue
         try:
             statement = provenance.verified_statement(
                 envelope.document, envelope.artifact_type, key, found.digest, found.image_id

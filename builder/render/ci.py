@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.config import grammar
+from builder.config import actions, grammar
 from builder.config.schema import DEFAULT_MATRIX
 from builder.errors import UserError
 from builder.plan.cell import Cell
@@ -78,9 +78,18 @@ def workflow(grid: Matrix, system: str, registry: str | None = None, names: list
         "timeout_minutes": CELL_TIMEOUT_MINUTES,
         "gpu_timeout_minutes": GPU_TIMEOUT_MINUTES,
         "cache_dir": CACHE_DIR,
+        "actions": pinned_actions(),
+        "github_attestations": grid.spec.ci.github_attestations,
+        # the manifests each cell job stages: gzip always, and the zstd form where the matrix adds it
+        "forms": ["gzip", "zstd"] if grid.spec.publish.compression == "zstd" else ["gzip"],
     }
     render.check_values(values, "ci")
     return render.environment().get_template(f"ci/{system}.yml.j2").render(values)
+
+
+def pinned_actions() -> dict[str, str]:
+    """Each GitHub action's `uses:` text, pinned by commit (data/github-actions.yaml)."""
+    return {name: pin.uses for name, pin in actions.load().items()}
 
 
 def gpu_jobs(grid: Matrix, cells: list[Cell]) -> list[dict[str, object]]:
@@ -125,6 +134,6 @@ def _relative(path: Path) -> str:
 
 def schedule(grid: Matrix, system: str) -> str:
     """The daily security job: audit, update --security, and a pull (merge) request when a lock moved."""
-    values = {**_files(grid, system), "runner": RUNNERS["linux/amd64"]}
+    values = {**_files(grid, system), "runner": RUNNERS["linux/amd64"], "actions": pinned_actions()}
     render.check_values(values, "ci")
     return render.environment().get_template(f"ci/{system}-schedule.yml.j2").render(values)

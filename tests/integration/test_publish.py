@@ -505,15 +505,31 @@ def test_a_signed_publish_verifies_with_its_key_and_every_tampering_fails_in_one
     assert code == 0, out
     assert "verified (signed: each attestation above was checked against the key" in out and str(public) in out
     assert "signed provenance: 2 locks match this checkout" in out and "signed cpu self-test on cpu: pass" in out
+    # GitHub's artifact attestation (ci.github_attestations) sits beside ours: a bundle signed
+    # keyless, with a certificate as its verification material. No key verifies it, and it is
+    # neither a problem nor counted: verify names it and says what checks it.
+    api = running.api()
+    subject = api.manifest("torch", built.cell.tag)
+    assert subject is not None
+    stranger_signer = provenance.load_signer(_key_files(tmp_path / "github")[0])
+    assert stranger_signer is not None
+    about = provenance.Subject(f"{running.host}/torch", subject.digest, item.image_id, item.build_id)
+    github = json.loads(
+        provenance.bundle(provenance.provenance_statement(about, built.cell, "github"), stranger_signer)
+    )
+    github["verificationMaterial"] = {"certificate": {"rawBytes": base64.b64encode(b"a Fulcio certificate").decode()}}
+    annotations = {"dev.sigstore.bundle.content": "dsse-envelope",
+                   provenance.COSIGN_PREDICATE_ANNOTATION: provenance.PROVENANCE}  # fmt: skip
+    api.push_artifact("torch", "github.att", json.dumps(github).encode(), provenance.BUNDLE_TYPE, annotations, subject)
+    code, out = verify_with(public)
+    assert code == 0, out
+    assert f"({provenance.PROVENANCE}): signed keyless (a Sigstore certificate), not by a key: not checked" in out
     code, out = verify_with(stranger)
     # provenance, the report and its test result, the SBOM as CycloneDX and as SPDX
     assert code == 1 and out.count("its signature does not verify with the given key") == 5
     assert "no signed provenance attestation from the given key" in out
 
     # The same statement with one byte of its payload flipped, attached beside the good one.
-    api = running.api()
-    subject = api.manifest("torch", built.cell.tag)
-    assert subject is not None
     good = api.artifact("torch", api.manifest("torch", f"{built.cell.tag}.provenance").digest)  # type: ignore[union-attr]
     payload = bytearray(base64.b64decode(good["dsseEnvelope"]["payload"]))
     payload[payload.index(b'"buildId"') + 12] ^= 1

@@ -3,6 +3,9 @@ against the CI systems' published schemas (check-jsonschema's built-in copies)."
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -11,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from builder.config import actions
 from builder.config.schema import CiSpec, Selector
 from builder.errors import UserError
 from builder.plan import matrix as matrix_module
@@ -219,3 +223,88 @@ def test_runner_labels_that_read_as_other_yaml_types_stay_strings(grid) -> None:
     assert runners and all(r == labels for r in runners)
     gitlab = yaml.safe_load(ci.workflow(grid, "gitlab"))
     assert gitlab["gpu 2.15.0-cu13.2-bookworm-runtime"]["tags"] == labels
+
+
+def test_every_action_the_workflows_use_is_pinned_by_commit_with_its_release_beside_it(grid) -> None:  # type: ignore[no-untyped-def]
+    """Issue 35: a tag (`actions/checkout@v4`) runs whatever its owners point it at that day."""
+    pins = actions.load()
+    grid.spec = grid.spec.model_copy(update={"ci": grid.spec.ci.model_copy(update={"github_attestations": True})})
+    texts = [ci.workflow(grid, "github"), ci.schedule(grid, "github")]
+    lines = [line.strip() for text in texts for line in text.splitlines() if "uses:" in line]
+    assert len(lines) >= 10
+    for line in lines:
+        match = re.fullmatch(r"(?:- )?uses: ([\w.-]+/[\w.-]+)@([0-9a-f]{40}) # (v[0-9.]+)", line)
+        assert match, line
+        pin = pins[match[1]]
+        assert (match[2], match[3]) == (pin.commit, pin.version), line
+    assert {re.search(r"uses: ([\w.-]+/[\w.-]+)@", line)[1] for line in lines} == set(pins)  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("entry", "says"),
+    [
+        ("{version: v4, commit: v4}", "a commit: 40 lower-case hex digits"),
+        ("{version: main, commit: " + "a" * 40 + "}", "a release tag such as v4.2.2"),
+        ("{version: v4, commit: " + "A" * 40 + "}", "a commit: 40 lower-case hex digits"),
+    ],
+)
+def test_an_action_pinned_by_a_movable_name_is_refused_in_one_line(entry: str, says: str, tmp_path: Path) -> None:
+    path = tmp_path / "github-actions.yaml"
+    path.write_text(f"actions:\n  actions/checkout: {entry}\n")
+    with pytest.raises(UserError) as refused:
+        actions.load(path)
+    assert says in str(refused.value) and "github-actions.yaml:2" in str(refused.value)
+
+
+def test_githubs_attestations_are_opt_in_and_attest_each_staged_manifest_with_its_own_permissions(
+    grid,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
+    """Issue 37: GitHub's artifact attestations, behind ci.github_attestations: the cell job gets
+    the permissions they need (and only it), and each staged form's digest becomes a subject."""
+    plain = yaml.safe_load(ci.workflow(grid, "github"))
+    assert "permissions" not in plain["jobs"]["cell"] and "actions/attest@" not in ci.workflow(grid, "github")
+    assert plain["permissions"] == {"contents": "read", "packages": "write"}
+    grid.spec = grid.spec.model_copy(
+        update={
+            "ci": grid.spec.ci.model_copy(update={"github_attestations": True}),
+            "publish": grid.spec.publish.model_copy(update={"compression": "zstd"}),
+        }
+    )
+    text = ci.workflow(grid, "github")
+    checked = _validate("github", text, tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    jobs = yaml.safe_load(text)["jobs"]
+    assert jobs["cell"]["permissions"] == {
+        "contents": "read", "packages": "write", "id-token": "write", "attestations": "write",
+        "artifact-metadata": "write",
+    }  # fmt: skip
+    assert "permissions" not in jobs["promote"] and "permissions" not in jobs["gpu"]
+    steps = jobs["cell"]["steps"]
+    stage = next(i for i, s in enumerate(steps) if "--stage" in s.get("run", ""))
+    digests = next(i for i, s in enumerate(steps) if s.get("id") == "staged")
+    attests = [i for i, s in enumerate(steps) if s.get("uses", "").startswith("actions/attest@")]
+    assert stage < digests < attests[0] and len(attests) == 2
+    subjects = [steps[i]["with"] for i in attests]
+    assert [s["subject-digest"] for s in subjects] == [
+        "${{ steps.staged.outputs.gzip }}", "${{ steps.staged.outputs.zstd }}"
+    ]  # fmt: skip
+    assert all(s["subject-name"] == "${{ env.IMAGE }}" and s["push-to-registry"] is True for s in subjects)
+
+
+def test_the_staged_digests_step_reads_the_records_publish_writes(grid, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The step's shell, run on records as `publish --stage --staged-record` writes them."""
+    grid.spec = grid.spec.model_copy(update={"ci": grid.spec.ci.model_copy(update={"github_attestations": True})})
+    steps = yaml.safe_load(ci.workflow(grid, "github"))["jobs"]["cell"]["steps"]
+    script = next(s for s in steps if s.get("id") == "staged")["run"]
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    for tag, digest in (
+        ("2.13.0-x.staging-7", "sha256:" + "a" * 64),
+        ("2.13.0-x-zstd.staging-7", "sha256:" + "b" * 64),
+    ):
+        (staged / f"{tag}.json").write_text(json.dumps({"tag": tag, "digest": digest, "cell": "x"}))
+    output = tmp_path / "output"
+    env = {"PATH": os.environ["PATH"], "GITHUB_OUTPUT": str(output)}
+    subprocess.run(["bash", "-eo", "pipefail", "-c", script], cwd=tmp_path, env=env, check=True)
+    assert sorted(output.read_text().splitlines()) == ["gzip=sha256:" + "a" * 64, "zstd=sha256:" + "b" * 64]
