@@ -41,7 +41,7 @@ from builder.assemble import smoke
 from builder.config import vex
 from builder.errors import UserError
 from builder.plan.cell import Cell
-from builder.publish import reports, tags
+from builder.publish import cosign_tag, reports, tags
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 # Attestations are attached as Sigstore bundles (v0.3: the DSSE envelope and the key's hint), as
@@ -299,6 +299,10 @@ def sign(statement: dict[str, Any], signer: CryptoSigner) -> dict[str, Any]:
 
 
 def bundle(statement: dict[str, Any], signer: CryptoSigner) -> bytes:
+    return json.dumps(bundle_document(statement, signer), sort_keys=True).encode()
+
+
+def bundle_document(statement: dict[str, Any], signer: CryptoSigner) -> dict[str, Any]:
     """A Sigstore bundle (v0.3) of the signed statement, for a key: the envelope, and as its
     verification material the key's hint (base64 of the sha256 of its DER public key), no
     transparency-log entry (keyless signing would add Rekor's and Fulcio's here)."""
@@ -317,7 +321,7 @@ def bundle(statement: dict[str, Any], signer: CryptoSigner) -> bytes:
         "verificationMaterial": {"publicKey": {"hint": base64.b64encode(hashlib.sha256(der).digest()).decode()}},
         "dsseEnvelope": envelope,
     }
-    return json.dumps(document, sort_keys=True).encode()
+    return document
 
 
 def envelope_of(document: dict[str, Any], artifact_type: str) -> dict[str, Any]:
@@ -433,16 +437,18 @@ def attested(registry: Any, repository: str, digest: str) -> list[dict[str, Any]
 def attach(
     registry: Any, repository: str, subject_manifest: Any, tag: str, statement: dict[str, Any], signer: CryptoSigner
 ) -> str:
-    """Sign `statement` and attach it as a Sigstore bundle to the manifest, under `tag` too."""
+    """Sign `statement` and attach it as a Sigstore bundle to the manifest, under `tag` too, and
+    its envelope in cosign 2's `.att` form beside it."""
     predicate_type = str(statement["predicateType"])
+    document = bundle_document(statement, signer)
     annotations = {
         PREDICATE_ANNOTATION: predicate_type,
         "dev.sigstore.bundle.content": "dsse-envelope",  # what cosign writes and reads
         COSIGN_PREDICATE_ANNOTATION: predicate_type,
     }
-    digest: str = registry.push_artifact(
-        repository, tag, bundle(statement, signer), BUNDLE_TYPE, annotations, subject_manifest
-    )
+    body = json.dumps(document, sort_keys=True).encode()
+    digest: str = registry.push_artifact(repository, tag, body, BUNDLE_TYPE, annotations, subject_manifest)
+    cosign_tag.append(registry, repository, subject_manifest.digest, document["dsseEnvelope"], predicate_type)
     return digest
 
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import requests
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from securesystemslib.signer import CryptoSigner
@@ -21,7 +22,7 @@ from builder.assemble import build, smoke, wheelhouse
 from builder.config import vex
 from builder.errors import UserError
 from builder.plan.matrix import Matrix
-from builder.publish import existing, loopback, provenance, publish, reports, staging
+from builder.publish import cosign_tag, existing, loopback, provenance, publish, reports, staging
 from builder.publish.registry import OCI_MANIFEST, Manifest, Registry
 from tests import registry_fixtures
 from tests.integration.conftest import BuiltCell, RunningRegistry
@@ -719,6 +720,30 @@ def test_cosign_and_oras_read_what_a_signed_publish_attached(
     api.push_artifact("torch", "copy.att", json.dumps(flipped).encode(), provenance.BUNDLE_TYPE, annotations, other)
     broken = verify_attestation("slsaprovenance1", public, f"{running.host}/torch@{other.digest}")
     assert broken.returncode != 0
+
+    # cosign 2's form alone: the image and its `sha256-<hex>.att` tag in a repository of their
+    # own, without the referrers (cosign 3 reads both forms, so only this tells them apart).
+    att = api.manifest("torch", cosign_tag.tag(item.digest))
+    assert att is not None
+    att_layers = json.loads(att.body)["layers"]
+    assert len(att_layers) == 6  # the same envelopes as the six bundles
+    assert all(layer["mediaType"] == "application/vnd.dsse.envelope.v1+json" for layer in att_layers)
+    for manifest in (subject, att):
+        document = json.loads(manifest.body)
+        for blob in [document["config"], *document["layers"]]:
+            mounted = requests.post(
+                f"http://{running.host}/v2/legacy/blobs/uploads/?mount={blob['digest']}&from=torch", timeout=30
+            )
+            assert mounted.status_code == 201, mounted.text
+    api.put_manifest("legacy", item.digest, subject)
+    api.put_manifest("legacy", cosign_tag.tag(item.digest), att)
+    assert api.referrers("legacy", item.digest) == []
+    legacy = f"{running.host}/legacy@{item.digest}"
+    for kind in ("slsaprovenance1", provenance.TEST_RESULT, "cyclonedx", "spdxjson", provenance.OPENVEX):
+        accepted = verify_attestation(kind, public, legacy)
+        assert accepted.returncode == 0, accepted.stderr[-2000:]
+        refused = verify_attestation(kind, stranger, legacy)
+        assert refused.returncode != 0
 
     listed = subprocess.run(
         [str(oras), "discover", "--plain-http", "--format", "json", reference],
