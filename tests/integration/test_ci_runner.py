@@ -2,8 +2,9 @@
 
 Its `run:` steps, word for word, as a non-root user in the docker group with passwordless sudo
 who cannot create user namespaces (tests/hosted_runner.py), in a fresh copy of the tree, with a
-fresh cache, on an engine where the builder finds neither the base nor the cell's image, on a host without
-mmdebstrap: the cell job installs what it needs, bootstraps, builds, self-tests and stages into
+fresh cache, on the engine GitHub's ubuntu-24.04 runners now have (Docker 29 with its containerd
+image store, tests/support/docker29.py, its data root fresh and its CLI on the user's PATH), on
+a host without mmdebstrap: the cell job installs what it needs, bootstraps, builds, self-tests and stages into
 a loopback registry with credentials from `docker login`, signing with the key its secret holds;
 the promote job then promotes from the registry alone, and `verify --key` finds the SBOM, the
 report and the signed attestations on the digest.
@@ -31,13 +32,13 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from securesystemslib.signer import SSlibKey
 
-from builder.assemble import build
 from builder.engine import daemon
 from builder.plan import matrix
 from builder.publish import provenance, publish, staging, verify
 from builder.publish.registry import Registry
 from builder.render import ci
 from tests import hosted_runner
+from tests.support import docker29
 
 pytestmark = pytest.mark.integration
 
@@ -55,28 +56,6 @@ NOT_TRIED = {
 
 
 @contextlib.contextmanager
-def moved_aside(client: docker.DockerClient, names: list[str]) -> Iterator[list[str]]:
-    """The builder finds none of these images (repositories, or repository:tag): each of their
-    tags is moved aside, under a name the builder never reads, for the run and put back after it.
-    Layers the engine keeps from earlier builds may still serve the build's steps from its cache,
-    as on a self-hosted runner; a hosted runner's engine starts empty."""
-    hidden: list[tuple[str, str]] = []
-    for image in [image for name in names for image in client.images.list(name=name)]:
-        for tag in [t for t in image.tags if any(t == n or t.startswith(f"{n}:") for n in names)]:
-            aside = f"torch-images-test/aside:{len(hidden)}"
-            image.tag(aside)
-            client.images.remove(tag)
-            hidden.append((tag, aside))
-    try:
-        yield [tag for tag, _ in hidden]
-    finally:
-        for tag, aside in hidden:
-            with contextlib.suppress(docker.errors.ImageNotFound, docker.errors.APIError):
-                client.images.get(aside).tag(tag)
-                client.images.remove(aside)
-
-
-@contextlib.contextmanager
 def without_mmdebstrap() -> Iterator[None]:
     """A host without mmdebstrap, as a hosted runner is: the workflow must install it."""
     subprocess.run(["apt-get", "remove", "-y", "-q", "mmdebstrap"], check=True, capture_output=True)
@@ -87,8 +66,27 @@ def without_mmdebstrap() -> Iterator[None]:
             daemon.apt_install(["mmdebstrap"])
 
 
+@pytest.fixture
+def engine29() -> Iterator[docker29.Engine]:
+    """Docker 29 with its containerd image store, as GitHub's ubuntu-24.04 runners now have it
+    (actions/runner-images#14105), on a fresh data root: a hosted runner's engine starts empty."""
+    with docker29.running("containerd", fresh=True) as engine:
+        yield engine
+    docker29.remove("containerd")  # its data root: several GB
+
+
+def _runner_cli(runner: hosted_runner.Runner) -> Path:
+    """The Docker 29 CLI on the runner user's PATH, as the runner image installs it with the
+    engine (the daemon refuses the host's older CLI); returns the folder to put first on PATH."""
+    folder = runner.home / "docker29-bin"
+    folder.mkdir(exist_ok=True)
+    shutil.copy2(docker29.unpacked() / "usr/bin/docker", folder / "docker")
+    subprocess.run(["chown", "-R", f"{runner.user}:{runner.user}", str(folder)], check=True)
+    return folder
+
+
 def test_the_emitted_github_workflow_runs_as_a_hosted_runner_from_install_to_promotion(
-    client: docker.DockerClient,
+    engine29: docker29.Engine,
     start_registry,  # type: ignore[no-untyped-def]
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -119,19 +117,21 @@ def test_the_emitted_github_workflow_runs_as_a_hosted_runner_from_install_to_pro
         .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
         .decode(),
     }
+    client = docker.DockerClient(base_url=engine29.docker_host, version="auto")
+    assert client.version()["Version"].startswith("29.") and client.images.list() == []  # empty, as on a runner
     runner = hosted_runner.Runner(env={**workflow["env"], "GITHUB_REPOSITORY_OWNER": "Acme"})
     log: list[str] = []
     runner.create()
     try:
         runner.checkout(REPO)
+        runner.env["DOCKER_HOST"] = engine29.docker_host
+        runner.env["PATH"] = f"{_runner_cli(runner)}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
         refused = subprocess.run(
             ["runuser", "-u", runner.user, "--", "unshare", "--user", "true"],
             capture_output=True, preexec_fn=hosted_runner.refuse_user_namespaces,
         )  # fmt: skip
         assert refused.returncode != 0, "the runner's user must not be able to create user namespaces"
-        images = ["torch-images/base", build.local_reference(grid, cell)]  # no base, and not built before
-        with moved_aside(client, images) as moved, without_mmdebstrap():
-            assert any(tag.startswith("torch-images/base:bookworm") for tag in moved)
+        with without_mmdebstrap():
             not_tried = _run_job(workflow["jobs"]["cell"], runner, context, log)
             not_tried += _run_job(workflow["jobs"]["promote"], runner, context, log)
             assert shutil.which("mmdebstrap") is not None  # the job installed it, through sudo
