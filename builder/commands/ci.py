@@ -45,7 +45,8 @@ def add(register: Register) -> None:
         "--schedule",
         action="store_true",
         help="print the daily security workflow instead: audit, update --security, and a pull (merge) request when "
-        "a lock moved (GitHub: .github/workflows/torch-images-security.yml; GitLab: a file to include)",
+        "a lock moved (GitHub: .github/workflows/torch-images-security.yml; GitLab: .gitlab/torch-images-security.yml, "
+        "which the fan-out includes)",
     )
     ci_cmd.add_argument("--output", metavar="FILE", help="write the workflow there (default: standard output)")
     ci_cmd.set_defaults(func=run)

@@ -31,8 +31,7 @@ from typing import Any
 
 import requests
 
-from builder import jsonread
-from builder.downloads import system_ca_bundle
+from builder import downloads, jsonread
 from builder.errors import UserError
 from builder.publish import auth
 from builder.publish.auth import (  # re-exported: the publish stage's callers and tests name them here
@@ -173,8 +172,8 @@ class Registry:
         host: str,
         username: str | None = None,
         password: str | None = None,
-        retries: int = 4,
-        backoff_s: float = 0.5,
+        retries: int = downloads.RETRIES,
+        backoff_s: float = downloads.BACKOFF_S,
         ca_file: Path | None = None,
         insecure: bool = False,
         source: str = "the given credentials",
@@ -189,7 +188,7 @@ class Registry:
         self.session = requests.Session()
         self.session.trust_env = False  # no netrc from the environment; its proxies, below
         self.session.proxies.update(environment_proxies(self.base))
-        self.session.verify = str(ca_file) if ca_file else system_ca_bundle()
+        self.session.verify = str(ca_file) if ca_file else downloads.system_ca_bundle()
         self.credentials = Credentials(username, password or "", source) if username is not None else None
         self.authorization: str | None = None  # what the registry's last challenge asked for
         self.retries, self.backoff_s = retries, backoff_s
@@ -204,6 +203,14 @@ class Registry:
         if found is None:
             return cls(host, ca_file=ca_file, insecure=insecure)
         return cls(host, found.username, found.password, ca_file=ca_file, insecure=insecure, source=found.source)
+
+    @classmethod
+    def reached(cls, host: str, ca_file: Path | None = None, insecure: bool = False) -> Registry:
+        """The registry a command publishes to, with its credentials, checked to answer: how every
+        command that pushes, stages, tests on a GPU or promotes gets its client."""
+        found = cls.for_publishing(host, ca_file, insecure)
+        found.check()
+        return found
 
     def quoted(self, body: bytes) -> str:
         """The start of a registry's answer, for an error line: never a credential (an error body
@@ -270,7 +277,11 @@ class Registry:
         data: bytes | Path | None = None,
         limit: int = MAX_MANIFEST_BYTES,
     ) -> tuple[int, Mapping[str, str], bytes]:
-        """Status, headers (case-insensitive, as HTTP's are) and body (at most `limit` bytes)."""
+        """Status, headers (case-insensitive, as HTTP's are) and body (at most `limit` bytes).
+
+        Tried again as every download is (downloads.py's policy: its statuses, tries and backoff),
+        by a loop of its own: a layer's body is read again from its file on each try, and an
+        auth challenge is answered between tries, neither of which urllib3's retries can do."""
         url = path if path.startswith("http") else self.base + path
         last_error = ""
         for attempt in range(self.retries + 1):
@@ -288,7 +299,7 @@ class Registry:
                     response, body = self._send(method, url, headers or {}, data, limit)
                     if response.status_code in (401, 403):
                         raise self._refused(response.status_code)
-                if response.status_code < 500:
+                if response.status_code not in downloads.RETRIED_STATUSES:
                     return response.status_code, response.headers, body
                 last_error = f"HTTP {response.status_code}"
             except requests.exceptions.SSLError as error:

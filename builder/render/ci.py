@@ -23,6 +23,8 @@ CELL_TIMEOUT_MINUTES = 150  # a CUDA cell: about 3 GB of wheels, a 6 GB image, n
 GPU_TIMEOUT_MINUTES = 60  # a pull of about 3 GB and the self-test on the GPU
 # Where the builder keeps wheels, .debs and bootstrapped bases (TORCH_IMAGES_CACHE): the CI cache.
 CACHE_DIR = ".cache/torch-images"
+# Where `ci gitlab --schedule` is kept: the fan-out includes it from there when it exists.
+GITLAB_SCHEDULE_FILE = ".gitlab/torch-images-security.yml"
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ def workflow(grid: Matrix, system: str, registry: str | None = None, names: list
         "gpu_timeout_minutes": GPU_TIMEOUT_MINUTES,
         "cache_dir": CACHE_DIR,
         "actions": pinned_actions(),
+        "schedule_file": GITLAB_SCHEDULE_FILE,
         "github_attestations": grid.spec.ci.github_attestations,
         # the manifests each cell job stages: gzip always, and the zstd form where the matrix adds it
         "forms": ["gzip", "zstd"] if grid.spec.publish.compression == "zstd" else ["gzip"],
@@ -134,6 +137,11 @@ def _relative(path: Path) -> str:
 
 def schedule(grid: Matrix, system: str) -> str:
     """The daily security job: audit, update --security, and a pull (merge) request when a lock moved."""
-    values = {**_files(grid, system), "runner": RUNNERS["linux/amd64"], "actions": pinned_actions()}
+    values = {
+        **_files(grid, system),
+        "runner": RUNNERS["linux/amd64"],
+        "actions": pinned_actions(),
+        "schedule_file": GITLAB_SCHEDULE_FILE,
+    }
     render.check_values(values, "ci")
     return render.environment().get_template(f"ci/{system}-schedule.yml.j2").render(values)

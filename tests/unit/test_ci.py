@@ -176,6 +176,12 @@ def test_the_daily_security_job_audits_moves_only_fixes_and_proposes_the_change(
         runs = parsed["security"]["script"]
         fan_out = yaml.safe_load(ci.workflow(grid, "gitlab"))
         assert fan_out["cell"]["rules"][0] == {"if": '$CI_PIPELINE_SOURCE == "schedule"', "when": "never"}
+        # Issue 39: the generated fan-out includes the generated schedule where it is kept, so no
+        # user edits a file that says "do not edit".
+        assert fan_out["include"] == [
+            {"local": ci.GITLAB_SCHEDULE_FILE, "rules": [{"exists": [ci.GITLAB_SCHEDULE_FILE]}]}
+        ]
+        assert f"Keep it as {ci.GITLAB_SCHEDULE_FILE}" in text and ".gitlab-ci.yml (`include:" not in text
     audit, update, propose = (next(i for i, r in enumerate(runs) if needle in r) for needle in
                               ("./nox -s audit", "./nox -s update -- --security", "git switch --create"))  # fmt: skip
     assert audit < update < propose

@@ -12,6 +12,8 @@ from typing import ClassVar
 import pytest
 
 from builder import downloads
+from builder.errors import UserError
+from builder.publish.registry import Registry
 
 
 class Flaky(http.server.BaseHTTPRequestHandler):
@@ -74,3 +76,19 @@ def test_a_file_url_is_copied(tmp_path: Path) -> None:
     source.write_bytes(b"deb")
     downloads.download(source.as_uri(), tmp_path / "copy")
     assert (tmp_path / "copy").read_bytes() == b"deb"
+
+
+def test_the_registry_client_asks_again_by_the_same_policy(flaky: str) -> None:
+    """Issue 39: one retry policy. The registry client keeps its own loop (a layer's body is read
+    again from its file on each try; an auth challenge is answered between tries), with the
+    statuses, tries and backoff every download has."""
+    client = Registry(flaky.removeprefix("http://"), backoff_s=0.01)
+    Flaky.failures = [503, 429, 502]
+    status, _, body = client._request("GET", "x")
+    assert (status, body, len(Flaky.served)) == (200, b"the file", 4)
+    Flaky.served, Flaky.failures = [], [404]
+    assert client._request("GET", "x")[0] == 404 and len(Flaky.served) == 1
+    Flaky.served, Flaky.failures = [], [503] * (downloads.RETRIES + 1)
+    with pytest.raises(UserError, match=f"did not answer after {downloads.RETRIES + 1} tries"):
+        client._request("GET", "x")
+    assert len(Flaky.served) == downloads.RETRIES + 1

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from builder import downloads
 from builder.errors import UserError
 from builder.publish import auth, registry
 
@@ -90,7 +91,7 @@ def test_https_unless_loopback_or_insecure_and_a_ca_file_means_https(tmp_path: P
     assert registry.Registry("127.0.0.1:5000").base.startswith("http://")
     assert registry.Registry("127.0.0.1:5000", ca_file=ca).base.startswith("https://")
     assert registry.Registry("registry.internal:5000", insecure=True).base.startswith("http://")
-    assert registry.Registry("ghcr.io").session.verify == registry.system_ca_bundle()
+    assert registry.Registry("ghcr.io").session.verify == downloads.system_ca_bundle()
 
 
 def test_a_credential_helper_that_is_not_installed_is_one_line(tmp_path: Path) -> None:
