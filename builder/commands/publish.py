@@ -16,7 +16,7 @@ from builder.commands.common import (
 )
 from builder.engine import daemon
 from builder.errors import UserError
-from builder.publish import provenance, publish, staging, trust
+from builder.publish import provenance, prune, publish, staging, trust
 
 
 def add(register: Register) -> None:
@@ -49,6 +49,12 @@ def add(register: Register) -> None:
         action="store_true",
         help="CI's GPU stage, on a runner with GPUs and the NVIDIA container toolkit: pull each CUDA cell's staged "
         "image, self-test it with every GPU, and attach the report to its digest beside the others",
+    )
+    stages.add_argument(
+        "--prune-reports",
+        action="store_true",
+        help="on each cell's published images: delete the self-test reports of another image and each device's "
+        "older passes (a failed report of the image is never deleted), with their signed statements",
     )
     publish_cmd.add_argument(
         "--sign-key",
@@ -97,6 +103,13 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--key: only --promote and --gpu-test read reports from the registry; drop it here")
     if args.staged_record is not None and not (args.stage or args.promote):
         raise UserError("--staged-record: --stage writes it and --promote reads it; drop it here")
+    if args.prune_reports:
+        if args.key is not None or args.sign_key is not None or args.staged_record is not None:
+            raise UserError(
+                "--prune-reports reads and deletes reports only; drop --key, --sign-key and --staged-record"
+            )
+        prune.prune(registry_of(grid, args), grid, cells, say)
+        return 0
     signer = provenance.load_signer(args.sign_key)
     key = trust.trust_key(args.key, signer)
     if args.stage or args.promote or args.gpu_test:

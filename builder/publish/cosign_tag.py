@@ -39,7 +39,18 @@ def append(registry: Any, repository: str, digest: str, envelope: dict[str, Any]
         "annotations": {SIGNATURE_ANNOTATION: "", PREDICATE_ANNOTATION: predicate_type},
     }
     kept = [entry for entry in _layers(registry, repository, tag(digest)) if entry["digest"] != layer["digest"]]
-    layers = [*kept[-(MAX_LAYERS - 1) :], layer]
+    return _put(registry, repository, digest, [*kept[-(MAX_LAYERS - 1) :], layer])
+
+
+def remove(registry: Any, repository: str, digest: str, layers: set[str]) -> None:
+    """Take these envelope layers (by digest) out of the digest's `.att` manifest (pruning)."""
+    current = _layers(registry, repository, tag(digest)) if layers else []
+    kept = [entry for entry in current if entry["digest"] not in layers]
+    if len(kept) != len(current):
+        _put(registry, repository, digest, kept)
+
+
+def _put(registry: Any, repository: str, digest: str, layers: list[dict[str, Any]]) -> str:
     config = _config([entry["digest"] for entry in layers])
     document = {
         "schemaVersion": 2,

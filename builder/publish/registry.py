@@ -455,6 +455,32 @@ class Registry:
         body = json.dumps(index, sort_keys=True).encode()
         self.put_manifest(repository, tag, Manifest.of(body, OCI_INDEX))
 
+    def delete_manifest(self, repository: str, digest: str) -> None:
+        """Delete a manifest by digest (with the tags on it); one that is already gone is fine."""
+        if not DIGEST.fullmatch(digest):
+            raise UserError(f"{digest[:80]!r} is not a sha256 digest; only a manifest's digest is deleted")
+        status, _, _ = self._request("DELETE", f"{repository}/manifests/{digest}")
+        if status == 405:
+            raise UserError(
+                f"registry {self.host} does not allow deleting manifests (405); turn deletion on "
+                "(distribution: storage.delete.enabled) or delete them in its interface"
+            )
+        if status not in (200, 202, 404):
+            raise UserError(f"registry {self.host}: deleting {repository}@{digest[:19]} answered {status}")
+
+    def drop_from_referrers_tag(self, repository: str, subject: str, digests: set[str]) -> None:
+        """Take deleted artifacts out of the subject's referrers tag, where the registry keeps
+        one (a registry with the referrers API drops them itself)."""
+        tag = self.referrers_tag(subject)
+        current = self.manifest(repository, tag) if digests else None
+        if current is None or current.media_type not in INDEX_TYPES:
+            return
+        listed = json.loads(current.body).get("manifests", [])
+        kept = [entry for entry in listed if isinstance(entry, dict) and entry.get("digest") not in digests]
+        if len(kept) != len(listed):
+            index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": kept}
+            self.put_manifest(repository, tag, Manifest.of(json.dumps(index, sort_keys=True).encode(), OCI_INDEX))
+
     def referrers(self, repository: str, subject: str, artifact_type: str | None = None) -> list[dict[str, Any]]:
         """The artifacts attached to `subject`: from the referrers API where the registry has it,
         else from the referrers tag. Each entry is checked: a descriptor with a sha256 digest."""

@@ -754,3 +754,60 @@ def test_cosign_and_oras_read_what_a_signed_publish_attached(
     # provenance, the report and its test result, the SBOM as CycloneDX and as SPDX, the VEX
     assert types.count(provenance.BUNDLE_TYPE) == 6
     assert publish.ARTIFACT_TYPES["sbom"] in types and publish.ARTIFACT_TYPES["selftest"] in types
+
+
+def test_pruning_deletes_stale_reports_and_their_statements_and_never_a_failure(
+    built: BuiltCell,
+    smoke_result: smoke.SmokeResult,
+    start_registry,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    """Issue 39: every GPU run adds a report (and two signed statements) to a digest, up to the
+    cap the gates read. `publish --prune-reports` deletes another image's reports, junk, and a
+    device's older passes, with their signed statements and cosign-form layers; a failure stays."""
+    private, public = _key_files(tmp_path / "team")
+    signer = provenance.load_signer(private)
+    assert signer is not None
+    running = start_registry()
+    [item] = _publish(built, running, tmp_path, monkeypatch, signer)
+    api, tag = running.api(), built.cell.tag
+    subject = api.manifest("torch", tag)
+    assert subject is not None
+    about = provenance.Subject(f"{running.host}/torch", subject.digest, item.image_id, item.build_id)
+
+    def attach(report: dict[str, object], signed: bool = True) -> None:
+        reports.attach(api, "torch", subject, tag, report, item.build_id, tag)
+        if signed:
+            provenance.attach_report(api, "torch", subject, tag, about, report, signer)
+
+    newest = smoke_result.report
+    attach({**newest, "time": "2020-01-01T00:00:00Z"})  # an older pass of the same device
+    attach({**newest, "image_id": "sha256:" + "d" * 64}, signed=False)  # another image's
+    failed = {**newest, "status": "fail", "failed": ["sdpa"], "device": "NVIDIA H200", "time": "2019-01-01T00:00:00Z"}
+    attach(failed)
+    api.push_artifact("torch", "junk.selftest", b"not a report", reports.SELFTEST_TYPE, {}, subject)
+    assert len(api.referrers("torch", subject.digest, reports.SELFTEST_TYPE)) == 5
+    statements_before = len(provenance.attested(api, "torch", subject.digest))
+    att_before = len(json.loads(api.manifest("torch", cosign_tag.tag(subject.digest)).body)["layers"])  # type: ignore[union-attr]
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["--matrix", str(built.grid.path), "publish", "--registry", running.host, "--prune-reports", built.cell.name]
+    assert cli.main(argv) == 0
+
+    left = reports.attached(api, "torch", subject.digest)
+    assert sorted((r["time"], r["status"]) for r in left) == sorted(
+        [(newest["time"], "pass"), ("2019-01-01T00:00:00Z", "fail")]
+    )
+    # The older pass's two signed statements went, in both forms; the rest of the signing stayed.
+    assert len(provenance.attested(api, "torch", subject.digest)) == statements_before - 2
+    att_after = len(json.loads(api.manifest("torch", cosign_tag.tag(subject.digest)).body)["layers"])  # type: ignore[union-attr]
+    assert att_after == att_before - 2
+    key = provenance.load_public_key(public)
+    kept = [provenance.verified_statement(api.artifact("torch", str(e["digest"])), str(e["artifactType"]), key,
+                                          subject.digest, item.image_id)
+            for e in provenance.attested(api, "torch", subject.digest)]  # fmt: skip
+    times = {s["predicate"].get("time") for s in kept if s["predicateType"] == provenance.SELFTEST}
+    assert times == {newest["time"], "2019-01-01T00:00:00Z"}
+    # Nothing left to prune: a second run deletes nothing.
+    assert cli.main(argv) == 0 and len(reports.attached(api, "torch", subject.digest)) == 2
