@@ -122,7 +122,7 @@ def _statements_of(
     """The signed statements about the deleted reports: (artifact digest, the sha256 of its
     envelope as cosign's form stores it). Read for what they say, not verified: a statement
     chooses only whether it itself goes."""
-    identities = {(r.get("device"), r.get("time")) for r in gone}
+    identities = {_identity(r) for r in gone}
     found = []
     for entry in provenance.attested(registry, repository, digest)[:MAX_ARTIFACTS]:
         artifact = str(entry["digest"])
@@ -144,13 +144,18 @@ def _about_gone(
     predicate_type: object, predicate: dict[str, Any], image_id: str, documents: set[str], identities: set[Any]
 ) -> bool:
     if predicate_type == provenance.SELFTEST:
-        return predicate.get("image_id") != image_id or (predicate.get("device"), predicate.get("time")) in identities
+        return predicate.get("image_id") != image_id or _identity(predicate) in identities
     if predicate_type == provenance.TEST_RESULT:
         configuration = predicate.get("configuration")
         first = configuration[0] if isinstance(configuration, list) and configuration else {}
         named = first.get("digest", {}).get("sha256") if isinstance(first, dict) else None
         return isinstance(named, str) and named in documents
     return False
+
+
+def _identity(report: dict[str, Any]) -> tuple[str, str, str]:
+    """What tells one report from another: the image, the device and when it ran."""
+    return str(report.get("image_id")), str(report.get("device")), str(report.get("time"))
 
 
 def _summary(cell: Cell, pruned: Pruned) -> str:
