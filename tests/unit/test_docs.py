@@ -114,3 +114,25 @@ def test_the_front_page_links_every_docs_page() -> None:
     linked = set(LINK.findall(README.read_text()))
     for page in PAGES[1:]:
         assert f"docs/{page.name}" in linked, page.name
+
+
+FIGURE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?) ?(GB|MB|s)\b")
+
+
+def _figures(text: str) -> list[tuple[str, str]]:
+    return FIGURE.findall(text)
+
+
+def test_every_size_and_time_the_front_page_claims_is_one_the_bench_measured() -> None:
+    """Issue 39: figures copied into prose drift. Each size or time the README states must be,
+    at the README's precision, one the bench's page records (docs/benchmarks.md)."""
+    measured: dict[str, set[float]] = {}
+    for value, unit in _figures((REPO / "docs" / "benchmarks.md").read_text()):
+        measured.setdefault(unit, set()).add(float(value))
+    claims = _figures(README.read_text())
+    assert len(claims) >= 5
+    for value, unit in claims:
+        places = len(value.partition(".")[2])
+        assert any(round(m, places) == float(value) for m in measured.get(unit, ())), f"{value} {unit}"
+    # Control: a figure the bench never measured is caught.
+    assert not any(round(m, 1) == 4.2 for m in measured.get("GB", ()))
