@@ -49,16 +49,18 @@ import updates  # benchmarks/updates.py, beside this file (the bench runs as a s
 from rich.console import Console
 from rich.table import Table
 
-from builder.assemble import backends, build, context, size, smoke, wheelchoice, wheelhouse, wheelserver
+from builder.assemble import backends, build, context, size, smoke
 from builder.config import schema
-from builder.engine import containerd, daemon, emulation
+from builder.engine import daemon, emulation
 from builder.lock import inputs
 from builder.lock import requirements as lock
+from builder.oci.registry import OCI_MANIFEST, Manifest, Registry
 from builder.plan import matrix
 from builder.plan.cell import Cell
-from builder.publish import loopback, multiarch, recompress
-from builder.publish.registry import OCI_MANIFEST, Manifest, Registry
-from builder.render import render, served
+from builder.publish import multiarch, recompress
+from builder.render import render
+from builder.wheelhouse import served, wheelchoice, wheelhouse, wheelserver
+from tests.support import containerd, loopback
 
 console = Console(width=170)
 

@@ -25,8 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.engine import containerd
-from tests.support import verifiers
+from tests.support import containerd, verifiers
 
 SOCI_ROOT = Path("/var/lib/soci-snapshotter-grpc")  # the soci CLI's content store: it has no option to move it
 NAMESPACE = "bench"

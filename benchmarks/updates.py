@@ -30,14 +30,16 @@ from typing import Any
 
 import docker
 
-from builder.assemble import build, size, wheelhouse
-from builder.engine import containerd, daemon
+from builder.assemble import build, size
+from builder.engine import daemon
 from builder.lock import aptindex, audit, debian
 from builder.lock import requirements as lock
+from builder.oci.registry import Manifest, Registry
 from builder.plan import matrix
 from builder.plan.cell import Cell
-from builder.publish.registry import Manifest, Registry
 from builder.repro import recorded
+from builder.wheelhouse import wheelhouse
+from tests.support import containerd
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 OSV_FIXTURES = REPOSITORY / "tests" / "fixtures" / "osv"

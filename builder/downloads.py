@@ -1,5 +1,5 @@
 """The one HTTP client every download goes through: the indexes' metadata, wheels, Debian's
-indexes and .debs' keyrings. The registry client (publish/registry.py) retries by the same policy.
+indexes and .debs' keyrings. The registry client (oci/registry.py) retries by the same policy.
 
 requests with urllib3's retries: a refused connection, a dropped one before the answer, and
 the answers a busy server gives (429, 500, 502, 503, 504) are tried again with backoff, up to

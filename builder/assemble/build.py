@@ -20,7 +20,7 @@ import docker.errors
 import docker.models.images
 
 from builder import times
-from builder.assemble import aptrepo, backends, size, wheelhouse, wheelserver
+from builder.assemble import backends, size
 from builder.assemble.backends import BuildRequest
 from builder.assemble.context import build_id
 from builder.config import layout
@@ -32,8 +32,9 @@ from builder.lock.inputs import CellLocks
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
 from builder.progress import Report
-from builder.render import render, served
+from builder.render import render
 from builder.repro import normalize as repro
+from builder.wheelhouse import aptrepo, served, wheelhouse, wheelserver
 
 BUILD_ID_LABEL = "io.torch-images.build-id"
 BUILD_CACHE_REPOSITORY = "torch-images/build-cache"

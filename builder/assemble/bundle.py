@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder import confined, digests, paths
-from builder.assemble import aptrepo, build, wheelhouse
+from builder.assemble import build
 from builder.config import grammar
 from builder.errors import UserError
 from builder.lock.debian import DEBIAN_LOCK
@@ -36,7 +36,7 @@ from builder.lock.requirements import FLAVOR_LOCK, STACK_LOCK
 from builder.plan.cell import RECORDED_IMAGE_ID_FILE, Cell
 from builder.plan.matrix import Matrix
 from builder.progress import Report
-from builder.render import served
+from builder.wheelhouse import aptrepo, served, wheelhouse
 
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 16 << 20  # a cell's manifest is about 50 KB

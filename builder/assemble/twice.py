@@ -8,11 +8,11 @@ from contextlib import AbstractContextManager
 import docker
 
 from builder.assemble import build
-from builder.assemble.wheelhouse import Wheelhouse
 from builder.errors import UserError
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
 from builder.repro.verify import Verdict, compare
+from builder.wheelhouse.wheelhouse import Wheelhouse
 
 Progress = Callable[[str], AbstractContextManager[Callable[[str], None]]]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import docker
 from rich.table import Table
 
-from builder.assemble import build, bundle, size, smoke, wheelhouse
+from builder.assemble import build, bundle, size, smoke
 from builder.commands.common import (
     Register,
     cells_of,
@@ -28,6 +28,7 @@ from builder.plan import matrix
 from builder.publish import existing
 from builder.repro import recorded
 from builder.terminal import SafeConsole
+from builder.wheelhouse import wheelhouse
 
 
 def add(register: Register) -> None:

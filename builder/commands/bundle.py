@@ -6,13 +6,14 @@ import argparse
 import time
 from pathlib import Path
 
-from builder.assemble import bundle, size, wheelhouse
+from builder.assemble import bundle, size
 from builder.commands.common import (
     Register,
     console,
     grid_of,
     progress,
 )
+from builder.wheelhouse import wheelhouse
 
 
 def add(register: Register) -> None:

@@ -10,9 +10,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from builder.config import grammar
+from builder.oci.registry import Registry
 from builder.plan import matrix
 from builder.plan.cell import Cell
-from builder.publish.registry import Registry
 from builder.terminal import SafeConsole, without_password
 
 console = SafeConsole(stderr=True)

@@ -7,7 +7,7 @@ import argparse
 import docker
 from rich.table import Table
 
-from builder.assemble import twice, wheelhouse
+from builder.assemble import twice
 from builder.commands.common import (
     Register,
     cells_of,
@@ -21,6 +21,7 @@ from builder.plan import matrix
 from builder.plan.cell import Cell
 from builder.repro import recorded
 from builder.terminal import SafeConsole
+from builder.wheelhouse import wheelhouse
 
 
 def add(register: Register) -> None:

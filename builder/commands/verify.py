@@ -7,9 +7,9 @@ from pathlib import Path
 
 from builder.commands.common import Register, console, registry_options
 from builder.errors import UserError
+from builder.oci.registry import Registry
 from builder.plan import matrix
 from builder.publish import provenance, verify
-from builder.publish.registry import Registry
 from builder.terminal import printable
 
 

@@ -12,7 +12,7 @@ point release. `lock` records, for every package a cell's image holds:
   Packages index (see aptindex.py).
 
 Builds then fetch each .deb once into the content-addressed cache, check it against `files`,
-and install from a local repository the wheelhouse server offers (see assemble/aptrepo.py): what
+and install from a local repository the wheelhouse server offers (see wheelhouse/aptrepo.py): what
 a layer holds no longer depends on what the mirror serves that day, and a rebuild needs no
 mirror at all once the files are cached or bundled.
 """

@@ -13,7 +13,7 @@ from typing import Any
 from builder import jsonread
 from builder.config import grammar
 from builder.errors import UserError
-from builder.publish.registry import DIGEST, OCI_MANIFEST, Manifest
+from builder.oci.registry import DIGEST, OCI_MANIFEST, Manifest
 
 LAYER_TYPE = "application/vnd.dsse.envelope.v1+json"
 CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"

@@ -8,10 +8,10 @@ import json
 
 from builder.assemble.build import BUILD_ID_LABEL
 from builder.config import grammar
+from builder.oci.registry import INDEX_TYPES, Registry, json_object
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
 from builder.publish import multiarch
-from builder.publish.registry import INDEX_TYPES, Registry, json_object
 
 
 def published_build_id(registry: Registry, repository: str, tag: str, arch: str = "amd64") -> str | None:

@@ -14,12 +14,12 @@ from collections.abc import Iterable
 from builder.config import platform as platforms
 from builder.engine import archive
 from builder.errors import UserError
+from builder.oci.registry import OCI_INDEX, Manifest, Registry
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
 from builder.progress import Report
 from builder.publish import tags
 from builder.publish.publication import Publication, tag_suffix
-from builder.publish.registry import OCI_INDEX, Manifest, Registry
 
 
 def is_multiarch(grid: Matrix, cell: Cell) -> bool:

@@ -24,11 +24,11 @@ from typing import Any
 from builder import jsonread
 from builder.assemble import smoke
 from builder.errors import UserError
+from builder.oci.registry import Registry
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
 from builder.progress import Report
 from builder.publish import cosign_tag, multiarch, provenance, publish, reports
-from builder.publish.registry import Registry
 
 # A digest with more artifacts than this is read no further: prune by hand, a few at a time.
 MAX_ARTIFACTS = 1024

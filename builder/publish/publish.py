@@ -33,12 +33,12 @@ from builder.engine import ids
 from builder.errors import UserError
 from builder.lock import audit
 from builder.lock import requirements as lock
+from builder.oci.registry import Manifest, Registry
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
 from builder.progress import Report
 from builder.publish import multiarch, provenance, recompress, reports, sbom
 from builder.publish.publication import Publication
-from builder.publish.registry import Manifest, Registry
 
 TABLE_START, TABLE_END = "<!-- published-tags:start -->", "<!-- published-tags:end -->"
 

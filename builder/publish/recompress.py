@@ -37,8 +37,8 @@ import zstandard
 from builder import paths
 from builder.engine import archive, ids
 from builder.errors import UserError
+from builder.oci.registry import OCI_MANIFEST, Manifest, Registry
 from builder.progress import Report
-from builder.publish.registry import OCI_MANIFEST, Manifest, Registry
 
 ZSTD_LAYER = "application/vnd.oci.image.layer.v1.tar+zstd"
 GZIP_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"

@@ -15,8 +15,8 @@ from typing import Any
 
 from builder.assemble import smoke
 from builder.errors import UserError
+from builder.oci.registry import Manifest, Registry
 from builder.publish import tags
-from builder.publish.registry import Manifest, Registry
 
 SELFTEST_TYPE = "application/vnd.torch-images.selftest.v1+json"
 KIND_ANNOTATION = "io.torch-images.selftest.kind"

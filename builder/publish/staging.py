@@ -27,13 +27,13 @@ from builder.assemble.build import BUILD_ID_LABEL
 from builder.config import grammar
 from builder.engine import ids
 from builder.errors import UserError
+from builder.oci.registry import IMAGE_TYPES, Registry
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
 from builder.progress import Report
 from builder.publish import existing, multiarch, provenance, publish, reports, tags, trust
 from builder.publish.publication import Publication, tag_suffix
 from builder.publish.publish import ARTIFACT_TYPES
-from builder.publish.registry import IMAGE_TYPES, Registry
 
 RUN = grammar.Grammar(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,39}", "a run ID of letters, digits, '_' and '-' (CI's run number)")
 

@@ -22,9 +22,9 @@ from typing import Any
 from securesystemslib.signer import CryptoSigner, SSlibKey
 
 from builder.errors import UserError
+from builder.oci.registry import Manifest, Registry
 from builder.plan.cell import Cell
 from builder.publish import existing, provenance
-from builder.publish.registry import Manifest, Registry
 
 KEY_ENVIRONMENT = "TORCH_IMAGES_VERIFY_KEY"  # a PEM public key, for CI's variables
 

@@ -21,10 +21,10 @@ from builder.assemble import smoke
 from builder.assemble.build import BUILD_ID_LABEL
 from builder.config import grammar
 from builder.errors import UserError
+from builder.oci.registry import DIGEST, IMAGE_TYPES, INDEX_TYPES, Manifest, Registry, json_object
 from builder.plan.matrix import Matrix
 from builder.publish import provenance, reports
 from builder.publish.publish import ARTIFACT_TYPES
-from builder.publish.registry import DIGEST, IMAGE_TYPES, INDEX_TYPES, Manifest, Registry, json_object
 from builder.terminal import without_password
 
 CELL_LABEL, CUDA_LABEL = "io.torch-images.cell", "io.torch-images.cuda"

@@ -20,13 +20,14 @@ import docker
 import docker.errors
 import pytest
 
-from builder.assemble import build, smoke, wheelhouse
+from builder.assemble import build, smoke
 from builder.engine import daemon
+from builder.oci.registry import Registry
 from builder.plan import matrix
 from builder.plan.cell import Cell
-from builder.publish import loopback
-from builder.publish.registry import Registry
+from builder.wheelhouse import wheelhouse
 from tests import engine_state, registry_fixtures
+from tests.support import loopback
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from builder.assemble import backends, build, wheelhouse
+from builder.assemble import backends, build
+from builder.wheelhouse import wheelhouse
 from tests.integration.conftest import BuiltCell
 
 pytestmark = pytest.mark.integration

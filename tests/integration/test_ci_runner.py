@@ -33,9 +33,9 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from securesystemslib.signer import SSlibKey
 
 from builder.engine import daemon
+from builder.oci.registry import Registry
 from builder.plan import matrix
 from builder.publish import provenance, publish, staging, verify
-from builder.publish.registry import Registry
 from builder.render import ci
 from tests import hosted_runner
 from tests.support import docker29

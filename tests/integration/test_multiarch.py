@@ -15,13 +15,14 @@ from pathlib import Path
 import docker
 import pytest
 
-from builder.assemble import build, smoke, wheelhouse
+from builder.assemble import build, smoke
 from builder.engine import emulation
 from builder.errors import UserError
+from builder.oci.registry import OCI_INDEX
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix, load_matrix
 from builder.publish import multiarch, publish, staging
-from builder.publish.registry import OCI_INDEX
+from builder.wheelhouse import wheelhouse
 from tests.integration.conftest import RunningRegistry
 
 # arm64 under qemu: a base bootstrap, a 20-minute build, a self-test of about 8 minutes.

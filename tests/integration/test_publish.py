@@ -18,15 +18,16 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from securesystemslib.signer import CryptoSigner
 
 from builder import cli
-from builder.assemble import build, smoke, wheelhouse
+from builder.assemble import build, smoke
 from builder.config import vex
 from builder.errors import UserError
+from builder.oci.registry import OCI_MANIFEST, Manifest, Registry
 from builder.plan.matrix import Matrix
-from builder.publish import cosign_tag, existing, loopback, provenance, publish, reports, staging
-from builder.publish.registry import OCI_MANIFEST, Manifest, Registry
+from builder.publish import cosign_tag, existing, provenance, publish, reports, staging
+from builder.wheelhouse import wheelhouse
 from tests import registry_fixtures
 from tests.integration.conftest import BuiltCell, RunningRegistry
-from tests.support import verifiers
+from tests.support import loopback, verifiers
 
 pytestmark = pytest.mark.integration
 

@@ -8,9 +8,10 @@ import json
 
 import pytest
 
-from builder.assemble import build, wheelhouse
+from builder.assemble import build
 from builder.engine import archive, bases, ids
 from builder.repro import normalize, verify
+from builder.wheelhouse import wheelhouse
 from tests.integration.conftest import BuiltCell
 
 pytestmark = pytest.mark.integration

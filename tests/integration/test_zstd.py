@@ -14,11 +14,11 @@ import pytest
 from securesystemslib.signer import CryptoSigner
 
 from builder.assemble import smoke
-from builder.engine import containerd
 from builder.errors import UserError
 from builder.plan.matrix import Matrix
 from builder.publish import publish, recompress, reports, staging
 from tests.integration.conftest import BuiltCell, RunningRegistry
+from tests.support import containerd
 
 pytestmark = pytest.mark.integration
 NAMESPACE = "torch-images-test"

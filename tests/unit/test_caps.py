@@ -15,8 +15,9 @@ from builder.config import yamlsource
 from builder.config.schema import parse
 from builder.errors import UserError
 from builder.lock import header
+from builder.oci import auth, registry
 from builder.plan import matrix
-from builder.publish import auth, registry, reports, verify
+from builder.publish import reports, verify
 from builder.repro import recorded
 from tests.unit.test_hostile_inputs import Project, assert_one_line_error, project, run
 from tests.unit.test_registry_answers import (

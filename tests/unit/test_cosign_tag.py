@@ -8,8 +8,8 @@ import hashlib
 import json
 
 from builder.errors import UserError
+from builder.oci.registry import OCI_MANIFEST, Manifest
 from builder.publish import cosign_tag
-from builder.publish.registry import OCI_MANIFEST, Manifest
 
 SUBJECT = "sha256:" + "a" * 64
 SLSA = "https://slsa.dev/provenance/v1"

@@ -13,7 +13,7 @@ import pytest
 
 from builder import downloads
 from builder.errors import UserError
-from builder.publish.registry import Registry
+from builder.oci.registry import Registry
 
 
 class Flaky(http.server.BaseHTTPRequestHandler):

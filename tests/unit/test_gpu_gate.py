@@ -214,8 +214,8 @@ def test_the_gpu_stage_skips_a_digest_that_already_carries_the_keys_gpu_pass(mon
     """Issue 39: every run re-tested every CUDA digest and attached one more report, up to the cap."""
     from securesystemslib.signer import CryptoSigner
 
+    from builder.oci.registry import OCI_MANIFEST, Manifest
     from builder.publish import trust
-    from builder.publish.registry import OCI_MANIFEST, Manifest
 
     grid = load_matrix(Path(__file__).resolve().parents[2] / "matrix.yaml")
     cell = grid.cell("2.15.0-cu13.2-bookworm-runtime")

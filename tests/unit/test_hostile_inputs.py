@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 
 from builder import cli
-from builder.assemble import wheelhouse, wheelserver
 from builder.errors import UserError
 from builder.lock import header as lockheader
 from builder.lock import requirements as lock
+from builder.oci import registry
 from builder.plan.matrix import load_matrix
-from builder.publish import registry
 from builder.render import render
+from builder.wheelhouse import wheelhouse, wheelserver
 
 REPO = Path(__file__).resolve().parents[2]
 CELL = "2.13.0-cpu-bookworm-runtime"

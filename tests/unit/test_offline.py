@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 from builder import digests
-from builder.assemble import aptrepo, bundle, wheelhouse
-from builder.assemble.fileref import FileRef
+from builder.assemble import bundle
 from builder.errors import UserError
 from builder.lock.aptindex import ArchiveFile
 from builder.plan.cell import Cell
 from builder.plan.matrix import load_matrix
-from builder.render import served
 from builder.repro import recorded
+from builder.wheelhouse import aptrepo, served, wheelhouse
+from builder.wheelhouse.fileref import FileRef
 from tests.conftest import FIXTURES
 
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from builder.assemble import wheelchoice
 from builder.errors import UserError
 from builder.facts.compat import TorchWheels
 from builder.lock import requirements as lock
+from builder.oci.registry import OCI_INDEX, Manifest
 from builder.plan.matrix import load_matrix
 from builder.publish import multiarch
-from builder.publish.registry import OCI_INDEX, Manifest
+from builder.wheelhouse import wheelchoice
 from tests.conftest import CU128, torch_build
 
 REPO = Path(__file__).resolve().parents[2]

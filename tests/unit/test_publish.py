@@ -12,9 +12,9 @@ import pytest
 
 from builder.errors import UserError
 from builder.facts.compat import TorchWheels
+from builder.oci.registry import Manifest
 from builder.plan.matrix import load_matrix
 from builder.publish import publish, staging
-from builder.publish.registry import Manifest
 
 REPO = Path(__file__).resolve().parents[2]
 

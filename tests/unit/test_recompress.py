@@ -14,8 +14,8 @@ import pytest
 import zstandard
 
 from builder.errors import UserError
+from builder.oci.registry import Manifest
 from builder.publish import recompress
-from builder.publish.registry import Manifest
 
 
 def _layer_bytes() -> bytes:

@@ -24,8 +24,9 @@ import pytest
 
 from builder.assemble import smoke
 from builder.errors import UserError
-from builder.publish import auth, publish, registry
-from builder.publish.registry import OCI_INDEX, OCI_MANIFEST, Registry
+from builder.oci import auth, registry
+from builder.oci.registry import OCI_INDEX, OCI_MANIFEST, Registry
+from builder.publish import publish
 
 IMAGE_ID = "sha256:" + "c" * 64
 

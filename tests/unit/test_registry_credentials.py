@@ -12,7 +12,7 @@ import pytest
 
 from builder import downloads
 from builder.errors import UserError
-from builder.publish import auth, registry
+from builder.oci import auth, registry
 
 
 def _docker_config(tmp_path: Path, document: dict[str, object]) -> dict[str, str]:

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import pytest
 
-from builder.publish.registry import OCI_INDEX, OCI_MANIFEST, Manifest, Registry
+from builder.oci.registry import OCI_INDEX, OCI_MANIFEST, Manifest, Registry
 
 SUBJECT_BODY = b'{"schemaVersion": 2}'
 SUBJECT = Manifest.of(SUBJECT_BODY, OCI_MANIFEST)

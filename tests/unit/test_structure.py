@@ -36,7 +36,7 @@ def test_no_two_modules_import_each_other() -> None:
 
 def test_paths_named_in_the_code_and_docs_point_at_files_that_exist() -> None:
     """Issue 39: comments kept naming the old build/ and spec/ folders. A path written in a
-    docstring, a comment or a doc (`builder/publish/trust.py`, `assemble/aptrepo.py` inside
+    docstring, a comment or a doc (`builder/publish/trust.py`, `wheelhouse/aptrepo.py` inside
     builder/, `docs/ci.md`) must name a file or folder of this checkout."""
     repo = Path(__file__).resolve().parents[2]
     tops = ("builder", "tests", "benchmarks", "image", "templates", "docs", "data", "requirements")

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from builder import confined, digests
-from builder.assemble import bundle, wheelhouse, wheelserver
+from builder.assemble import bundle
 from builder.errors import UserError
 from builder.lock import inputs
 from builder.lock import requirements as lock
 from builder.plan.matrix import load_matrix
-from builder.render import served
+from builder.wheelhouse import served, wheelhouse, wheelserver
 from tests.unit.test_hostile_inputs import CELL, Project, assert_one_line_error, project, run
 
 __all__ = ["project"]  # the fixture, shared with test_hostile_inputs

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from builder.assemble import wheelchoice, wheelhouse, wheelserver
-from builder.assemble.fileref import FileRef
 from builder.errors import UserError
 from builder.facts.compat import TorchWheels
 from builder.lock import requirements as lock
 from builder.plan.matrix import load_matrix
+from builder.wheelhouse import wheelchoice, wheelhouse, wheelserver
+from builder.wheelhouse.fileref import FileRef
 from tests.conftest import lock_entry
 
 

@@ -21,8 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from builder import confined
-from builder.assemble.wheelhouse import MARKER, Wheelhouse
 from builder.errors import UserError
+from builder.wheelhouse.wheelhouse import MARKER, Wheelhouse
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

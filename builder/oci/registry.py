@@ -1,6 +1,6 @@
 """A client for the registry HTTP API v2 (distribution) on `requests`, with token (a
 `WWW-Authenticate: Bearer` challenge, as Docker Hub, GHCR, Quay, Harbor, GitLab and ECR use) and
-basic authentication, and credentials found the way docker finds them (publish/auth.py).
+basic authentication, and credentials found the way docker finds them (oci/auth.py).
 
 Every answer is validated before use (issue 25): its size against a cap, its shape, the
 digest of anything fetched by digest, and `Docker-Content-Digest` against the body. An answer
@@ -33,8 +33,8 @@ import requests
 
 from builder import downloads, jsonread
 from builder.errors import UserError
-from builder.publish import auth
-from builder.publish.auth import (  # re-exported: the publish stage's callers and tests name them here
+from builder.oci import auth
+from builder.oci.auth import (  # re-exported: the publish stage's callers and tests name them here
     PASSWORD_VARIABLE,
     USER_VARIABLE,
     Credentials,

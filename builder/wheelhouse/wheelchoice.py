@@ -12,7 +12,6 @@ from packaging import tags as wheel_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from builder import digests, downloads
-from builder.assemble.fileref import FileRef
 from builder.config import platform
 from builder.config.env import expand_env
 from builder.errors import UserError
@@ -20,6 +19,7 @@ from builder.facts import pypi
 from builder.lock.requirements import Lockfile
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
+from builder.wheelhouse.fileref import FileRef
 
 
 def target_tags(cell: Cell) -> list[wheel_tags.Tag]:

@@ -28,14 +28,13 @@ from pathlib import Path
 from filelock import FileLock
 
 from builder import confined, digests, downloads, paths
-from builder.assemble import wheelchoice
-from builder.assemble.fileref import FileRef
 from builder.errors import UserError
 from builder.lock.requirements import Lockfile
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
 from builder.progress import Report
-from builder.render import served
+from builder.wheelhouse import served, wheelchoice
+from builder.wheelhouse.fileref import FileRef
 
 MARKER = ".torch-images-wheelhouse"
 SERVED_LIST = "served.list"  # the paths builds asked for, shared with servers of other processes

@@ -20,11 +20,11 @@ from pathlib import Path
 
 from debian import debfile
 
-from builder.assemble.fileref import FileRef
-from builder.assemble.wheelhouse import Wheelhouse
 from builder.lock.aptindex import ArchiveFile
 from builder.plan.cell import BaseImage
-from builder.render import served
+from builder.wheelhouse import served
+from builder.wheelhouse.fileref import FileRef
+from builder.wheelhouse.wheelhouse import Wheelhouse
 
 
 def _stanza(house: Wheelhouse, deb: Path, sha256: str) -> str:

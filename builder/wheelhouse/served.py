@@ -82,6 +82,6 @@ def support_files() -> dict[str, ServedFile]:
 def apt_repository(files: Iterable[ArchiveFile]) -> str:
     """Where the local apt repository of a set of .debs lives under the server root: a folder
     named by the files' paths and sha256, so another set of packages gets another URL (and a
-    RUN line that names it, another layer cache key). See assemble/aptrepo.py."""
+    RUN line that names it, another layer cache key). See wheelhouse/aptrepo.py."""
     listing = "".join(sorted(f"{f.path} {f.sha256}\n" for f in files))
     return f"apt/{hashlib.sha256(listing.encode()).hexdigest()[:16]}/"
