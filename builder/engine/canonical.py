@@ -28,7 +28,7 @@ import io
 import os
 import tempfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -506,16 +506,31 @@ def canonical_stream(source: IO[bytes], sink: IO[bytes], lower: LowerTree, epoch
 
 
 def rewrite_layer_file(path: Path, target: Path, lower: LowerTree, epoch: int) -> CanonicalLayer:
-    """The layer in `path` (a seekable file, tar or gzip) rewritten into `target` and applied to
-    `lower`: streaming when it is in walk order, else read again and sorted through a spool."""
-    with path.open("rb") as source, target.open("wb") as sink:
-        try:
-            return canonical_stream(source, sink, lower, epoch)
-        except OutOfOrder:  # nothing was applied to `lower` yet
-            source.seek(0)
-            sink.seek(0)
-            sink.truncate()
-            return canonical_layer_sorted(source, sink, lower, epoch, target.parent)
+    """The layer in `path` (a file, tar or gzip) rewritten into `target` and applied to `lower`."""
+    return rewrite_layer(lambda: path.open("rb"), target, lower, epoch)
+
+
+def rewrite_layer(open_source: Callable[[], IO[bytes]], target: Path, lower: LowerTree, epoch: int) -> CanonicalLayer:
+    """The layer `open_source` gives (tar or gzip, opened afresh for a second read) rewritten into
+    `target` and applied to `lower`: streaming when it is in walk order, else read again and
+    sorted through a spool. The source is read to its end either way (a checked blob verifies
+    its digest there)."""
+    with target.open("wb") as sink:
+        with open_source() as source:
+            try:
+                done = canonical_stream(source, sink, lower, epoch)
+                while source.read(CHUNK):
+                    pass
+                return done
+            except OutOfOrder:  # nothing was applied to `lower` yet
+                pass
+        sink.seek(0)
+        sink.truncate()
+        with open_source() as source:
+            done = canonical_layer_sorted(source, sink, lower, epoch, target.parent)
+            while source.read(CHUNK):
+                pass
+            return done
 
 
 def rewrite_file(path: Path, epoch: int) -> CanonicalLayer:

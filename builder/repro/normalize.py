@@ -22,6 +22,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -30,7 +31,7 @@ import docker
 import docker.errors
 
 from builder import times
-from builder.engine import archive, canonical, ids
+from builder.engine import archive, canonical, contentstore, ids
 from builder.errors import UserError
 from builder.progress import Report
 from builder.repro import manifests
@@ -139,8 +140,9 @@ class Pass:
     """What the pass after the build did, for the bench and the build summary."""
 
     image_id: str = ""
-    seconds: dict[str, float] = field(default_factory=dict)  # save, rewrite, load
+    seconds: dict[str, float] = field(default_factory=dict)  # save (where it ran), rewrite, load
     dropped: int = 0  # entries that changed nothing (unchanged directories, empty opaque markers)
+    source: str = "docker save"  # where the engine's layers were read
 
 
 def _spool_saved(engine: docker.DockerClient, raw_id: str, workdir: Path) -> tuple[dict[str, Any], list[Path]]:
@@ -159,17 +161,49 @@ def _spool_saved(engine: docker.DockerClient, raw_id: str, workdir: Path) -> tup
     return archive.scan_saved(engine, raw_id, spool)
 
 
-def _rewrite(saved: list[Path], workdir: Path, epoch: int) -> tuple[list[tuple[str, Path]], int]:
+@dataclass(frozen=True)
+class LayerSource:
+    """One of the engine's layers: how to open it (again), and whether it is a spool file of ours."""
+
+    open: Callable[[], IO[bytes]]
+    spooled: Path | None = None
+
+
+def _spooled(path: Path) -> LayerSource:
+    return LayerSource(lambda: path.open("rb"), path)
+
+
+def _rewrite(sources: list[LayerSource], workdir: Path, epoch: int) -> tuple[list[tuple[str, Path]], int]:
+    """Each layer, in the image's order, rewritten into a canonical file (a spool file is removed
+    once read: the disk holds one copy of the image, not two)."""
     lower = canonical.LowerTree()
     layers: list[tuple[str, Path]] = []
     dropped = 0
-    for index, path in enumerate(saved):
+    for index, source in enumerate(sources):
         target = workdir / f"canonical-{index}.tar"
-        result = canonical.rewrite_layer_file(path, target, lower, epoch)
-        path.unlink()
+        result = canonical.rewrite_layer(source.open, target, lower, epoch)
+        if source.spooled is not None:
+            source.spooled.unlink()
         layers.append((result.diff_id, target))
         dropped += result.dropped
     return layers, dropped
+
+
+def _engine_layers(
+    engine: docker.DockerClient, raw_id: str, workdir: Path, done: Pass
+) -> tuple[dict[str, Any], list[LayerSource]]:
+    """The engine's config and a way to open each of its layers: from containerd's content store
+    where the engine keeps its images there and the builder may read it (engine/contentstore.py),
+    else spooled from `docker save`."""
+    blobs = contentstore.locate(engine)
+    stored = contentstore.read_image(engine, raw_id, blobs) if blobs is not None else None
+    if stored is not None:
+        done.source = "containerd's content store"
+        return json.loads(stored.config), [LayerSource(blob.open) for blob in stored.layers]
+    mark = time.monotonic()
+    engine_config, saved = _spool_saved(engine, raw_id, workdir)
+    done.seconds["save"] = time.monotonic() - mark
+    return engine_config, [_spooled(path) for path in saved]
 
 
 def normalize_image(
@@ -195,17 +229,17 @@ def normalize_image(
     layered = sum(1 for entry in history if not entry.get("empty_layer"))
     with tempfile.TemporaryDirectory(dir=manifests.cache_dir()) as scratch:
         workdir = Path(scratch)
-        mark = time.monotonic()
-        engine_config, saved = _spool_saved(engine, raw.id, workdir)
-        done.seconds["save"] = time.monotonic() - mark
-        if layered != len(saved):
+        engine_config, sources = _engine_layers(engine, raw.id, workdir, done)
+        report(f"normalizing {reference}: the engine's layers read from {done.source}")
+        if layered != len(sources):
             raise UserError(
                 f"{reference}: the Dockerfile's steps make {layered} layers with the base's, the engine's image has "
-                f"{len(saved)}; a step that changed nothing makes no layer with BuildKit: make it change a file"
+                f"{len(sources)}; a step that changed nothing makes no layer with BuildKit: make it change a file"
             )
         mark = time.monotonic()
-        layers, done.dropped = _rewrite(saved, workdir, epoch)
-        done.seconds["rewrite"] = time.monotonic() - mark
+        layers, done.dropped = _rewrite(sources, workdir, epoch)
+        read_too = done.source != "docker save"  # the blobs were read (and decompressed) while rewriting
+        done.seconds["read from containerd's store + rewrite" if read_too else "rewrite"] = time.monotonic() - mark
         config = canonical_config(engine_config, [diff_id for diff_id, _ in layers], history, epoch)
         mark = time.monotonic()
         loaded = archive.load(engine, config, [(d, p) for d, p in layers], reference, epoch)

@@ -1,0 +1,115 @@
+"""Reading an image's blobs from containerd's content store (builder/engine/contentstore.py):
+found through `ctr`'s plugin listing, each blob checked against its digest, and nothing read
+where the engine does not keep its images there."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from builder.engine import canonical, contentstore
+from builder.errors import UserError
+
+LISTING = """Type:             io.containerd.content.v1
+ID:               content
+Exports:
+                  root      /var/lib/containerd/io.containerd.content.v1.content
+
+Type:             io.containerd.snapshotter.v1
+ID:               overlayfs
+Exports:
+                  root      /var/lib/containerd/io.containerd.snapshotter.v1.overlayfs
+"""
+
+
+def test_the_content_stores_folder_is_read_from_ctrs_plugin_listing() -> None:
+    assert contentstore._content_root(LISTING) == "/var/lib/containerd/io.containerd.content.v1.content"
+    assert contentstore._content_root(LISTING.replace("io.containerd.content.v1", "io.containerd.other")) is None
+
+
+def _put(blobs: Path, data: bytes) -> str:
+    digest = hashlib.sha256(data).hexdigest()
+    (blobs / digest).write_bytes(data)
+    return "sha256:" + digest
+
+
+def _layer(name: str, content: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        info = tarfile.TarInfo(name)
+        info.size = len(content)
+        tar.addfile(info, io.BytesIO(content))
+    return gzip.compress(buffer.getvalue(), mtime=0)
+
+
+class FakeEngine:
+    def __init__(self, descriptor: dict[str, Any] | None) -> None:
+        self.descriptor = descriptor
+        self.api = self
+
+    def inspect_image(self, reference: str) -> dict[str, Any]:
+        attrs: dict[str, Any] = {"Id": "x", "Architecture": "amd64", "Os": "linux"}
+        if self.descriptor is not None:
+            attrs["Descriptor"] = self.descriptor
+        return attrs
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> tuple[Path, dict[str, Any], list[str]]:
+    blobs = tmp_path / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+    layers = [_put(blobs, _layer("a", b"first")), _put(blobs, _layer("b", b"second"))]
+    config = _put(blobs, json.dumps({"architecture": "amd64", "rootfs": {"diff_ids": []}}).encode())
+    manifest = json.dumps({
+        "mediaType": contentstore.MANIFEST_TYPES[0],
+        "config": {"digest": config},
+        "layers": [{"digest": d} for d in layers],
+    }).encode()  # fmt: skip
+    arm = _put(blobs, b'{"mediaType": "application/vnd.oci.image.manifest.v1+json", "layers": []}')
+    index = json.dumps({
+        "mediaType": contentstore.INDEX_TYPES[0],
+        "manifests": [{"digest": arm, "platform": {"architecture": "arm64", "os": "linux"}},
+                      {"digest": _put(blobs, manifest), "platform": {"architecture": "amd64", "os": "linux"}}],
+    }).encode()  # fmt: skip
+    return blobs, {"digest": _put(blobs, index), "mediaType": contentstore.INDEX_TYPES[0]}, layers
+
+
+def test_an_images_layers_come_in_its_order_from_its_platforms_manifest(store) -> None:  # type: ignore[no-untyped-def]
+    blobs, descriptor, layers = store
+    stored = contentstore.read_image(FakeEngine(descriptor), "x", blobs)  # type: ignore[arg-type]
+    assert stored is not None and [blob.digest for blob in stored.layers] == layers
+    with stored.layers[1].open() as handle:
+        entries = list(canonical.entries(canonical.uncompressed(handle), 0))
+    assert [entry.name for entry, _ in entries] == ["b"]
+
+
+def test_a_blob_whose_bytes_are_not_its_digest_is_an_error_when_read(store, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    blobs, descriptor, layers = store
+    stored = contentstore.read_image(FakeEngine(descriptor), "x", blobs)  # type: ignore[arg-type]
+    assert stored is not None
+    (blobs / layers[0].removeprefix("sha256:")).write_bytes(_layer("a", b"tampered"))
+    lower = canonical.LowerTree()
+    with pytest.raises(UserError, match="its store is damaged"):
+        canonical.rewrite_layer(stored.layers[0].open, tmp_path / "out.tar", lower, 0)
+
+
+def test_nothing_is_read_where_the_engine_names_no_manifest_or_a_blob_is_missing(store) -> None:  # type: ignore[no-untyped-def]
+    blobs, descriptor, layers = store
+    assert contentstore.read_image(FakeEngine(None), "x", blobs) is None  # type: ignore[arg-type]
+    (blobs / layers[1].removeprefix("sha256:")).unlink()
+    assert contentstore.read_image(FakeEngine(descriptor), "x", blobs) is None  # type: ignore[arg-type]
+
+
+def test_an_engine_without_the_containerd_store_is_not_searched() -> None:
+    class Overlay2:
+        def info(self) -> dict[str, Any]:
+            return {"DriverStatus": [["Backing Filesystem", "extfs"]], "Containerd": {"Address": "/run/x.sock"}}
+
+    assert contentstore.locate(Overlay2()) is None  # type: ignore[arg-type]
