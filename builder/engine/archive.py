@@ -61,16 +61,26 @@ def write_load_archive(archive: IO[bytes], config: bytes, layers: Layers, refere
     """A `docker load` archive, written as a stream. A layer without a file is one the engine
     already has: its loader looks a layer up by chain ID before it opens the file, so the file
     may be absent."""
-    config_name = hashlib.sha256(config).hexdigest() + ".json"
-    names = [f"{d.removeprefix('sha256:')}/layer.tar" for d, _ in layers]
-    manifest = json.dumps([{"Config": config_name, "RepoTags": [reference], "Layers": names}]).encode()
+    write_load_archive_as_made(archive, iter(layers), lambda _: config, reference, epoch)
+
+
+def write_load_archive_as_made(
+    archive: IO[bytes],
+    layers: Iterator[tuple[str, Path | None]],
+    config_of: Callable[[list[str]], bytes],
+    reference: str,
+    epoch: int,
+) -> None:
+    """A `docker load` archive whose layers are written as `layers` yields them (each as soon as
+    it is made), and whose config and manifest come last: the config names every diff ID, known
+    only once the last layer is made. Every loader reads the whole archive before its manifest
+    (Docker's own into a folder, containerd's importer blob by blob)."""
     with tarfile.open(fileobj=archive, mode="w|", format=tarfile.PAX_FORMAT) as out:
-        for name, payload in ((config_name, config), ("manifest.json", manifest)):
-            info = tarfile.TarInfo(name)
-            info.size, info.mtime = len(payload), epoch
-            out.addfile(info, io.BytesIO(payload))
+        diff_ids: list[str] = []
         written = set()
-        for name, (_, path) in zip(names, layers, strict=True):
+        for diff_id, path in layers:
+            diff_ids.append(diff_id)
+            name = f"{diff_id.removeprefix('sha256:')}/layer.tar"
             if path is None or name in written:  # an empty layer may repeat
                 continue
             written.add(name)
@@ -78,17 +88,38 @@ def write_load_archive(archive: IO[bytes], config: bytes, layers: Layers, refere
             info.mtime, info.uid, info.gid, info.uname, info.gname = epoch, 0, 0, "", ""
             with path.open("rb") as handle:
                 out.addfile(info, handle)
+        config = config_of(diff_ids)
+        config_name = hashlib.sha256(config).hexdigest() + ".json"
+        names = [f"{d.removeprefix('sha256:')}/layer.tar" for d in diff_ids]
+        manifest = json.dumps([{"Config": config_name, "RepoTags": [reference], "Layers": names}]).encode()
+        for name, payload in ((config_name, config), ("manifest.json", manifest)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(payload), epoch
+            out.addfile(info, io.BytesIO(payload))
 
 
 def load(engine: docker.DockerClient, config: bytes, layers: Layers, reference: str, epoch: int) -> list[Any]:
     """`docker load` of an image, the archive written into a pipe as the engine reads it."""
+    return load_as_made(engine, iter(layers), lambda _: config, reference, epoch)
+
+
+def load_as_made(
+    engine: docker.DockerClient,
+    layers: Iterator[tuple[str, Path | None]],
+    config_of: Callable[[list[str]], bytes],
+    reference: str,
+    epoch: int,
+) -> list[Any]:
+    """`docker load` of an image whose layers are still being made: each goes to the engine as
+    `layers` yields it (write_load_archive_as_made), through a pipe the engine reads as it is
+    written, so making the next layer overlaps the engine's reading of this one."""
     read_end, write_end = os.pipe()
     failure: list[BaseException] = []
 
     def produce() -> None:
         try:
             with os.fdopen(write_end, "wb") as sink:
-                write_load_archive(sink, config, layers, reference, epoch)
+                write_load_archive_as_made(sink, layers, config_of, reference, epoch)
         except BaseException as error:  # reported after the engine finished reading
             failure.append(error)
 
@@ -100,8 +131,14 @@ def load(engine: docker.DockerClient, config: bytes, layers: Layers, reference: 
         while chunk := source.read(1 << 20):
             yield chunk
 
-    with os.fdopen(read_end, "rb") as source:
-        loaded: list[Any] = engine.images.load(chunks(source))
+    try:
+        with os.fdopen(read_end, "rb") as source:
+            loaded: list[Any] = engine.images.load(chunks(source))
+    except Exception:
+        writer.join()
+        if failure:  # the archive was cut short by what went wrong making it: that is the cause
+            raise failure[0] from None
+        raise
     writer.join()
     if failure:
         raise failure[0]

@@ -17,12 +17,15 @@ Everything streams through files on disk: a layer of several GB is never held in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import shutil
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -173,18 +176,27 @@ def _spooled(path: Path) -> LayerSource:
     return LayerSource(lambda: path.open("rb"), path)
 
 
-def _rewrite(sources: list[LayerSource], workdir: Path, epoch: int) -> tuple[list[tuple[str, Path]], int]:
-    """Each layer, in the image's order, rewritten into a canonical file (a spool file is removed
-    once read: the disk holds one copy of the image, not two)."""
+def _rewrite(
+    sources: list[LayerSource],
+    workdir: Path,
+    epoch: int,
+    stop: threading.Event | None = None,
+    made: Callable[[tuple[str, Path]], None] = lambda _: None,
+) -> tuple[list[tuple[str, Path]], int]:
+    """Each layer, in the image's order, rewritten into a canonical file and handed to `made` (a
+    spool file is removed once read: the disk holds one copy of the image, not two)."""
     lower = canonical.LowerTree()
     layers: list[tuple[str, Path]] = []
     dropped = 0
     for index, source in enumerate(sources):
+        if stop is not None and stop.is_set():
+            raise UserError("the load of the canonical image stopped; its rewrite stopped with it")
         target = workdir / f"canonical-{index}.tar"
         result = canonical.rewrite_layer(source.open, target, lower, epoch)
         if source.spooled is not None:
             source.spooled.unlink()
         layers.append((result.diff_id, target))
+        made(layers[-1])
         dropped += result.dropped
     return layers, dropped
 
@@ -236,14 +248,52 @@ def normalize_image(
                 f"{reference}: the Dockerfile's steps make {layered} layers with the base's, the engine's image has "
                 f"{len(sources)}; a step that changed nothing makes no layer with BuildKit: make it change a file"
             )
+        configs: list[bytes] = []
+
+        def config_of(diff_ids: list[str]) -> bytes:
+            configs.append(canonical_config(engine_config, diff_ids, history, epoch))
+            return configs[-1]
+
         mark = time.monotonic()
-        layers, done.dropped = _rewrite(sources, workdir, epoch)
-        read_too = done.source != "docker save"  # the blobs were read (and decompressed) while rewriting
-        done.seconds["read from containerd's store + rewrite" if read_too else "rewrite"] = time.monotonic() - mark
-        config = canonical_config(engine_config, [diff_id for diff_id, _ in layers], history, epoch)
-        mark = time.monotonic()
-        loaded = archive.load(engine, config, [(d, p) for d, p in layers], reference, epoch)
-        done.seconds["load"] = time.monotonic() - mark
-    done.image_id = ids.remember(loaded[0].id, config)
+        with _rewriting(sources, workdir, epoch, done) as layers:
+            loaded = archive.load_as_made(engine, layers, config_of, reference, epoch)
+        read = "read from containerd's store, " if done.source != "docker save" else ""
+        done.seconds[f"{read}rewrite and load, overlapped"] = time.monotonic() - mark
+    done.image_id = ids.remember(loaded[0].id, configs[-1])
     _remember(raw.id, loaded[0].id)
     return done
+
+
+@contextlib.contextmanager
+def _rewriting(
+    sources: list[LayerSource], workdir: Path, epoch: int, done: Pass
+) -> Iterator[Iterator[tuple[str, Path | None]]]:
+    """The canonical layers, each handed on as soon as it is written: the rewrite runs in a
+    thread of its own, so the engine reads one layer while the next is rewritten. A failure on
+    either side stops the other."""
+    made: queue.Queue[tuple[str, Path] | BaseException | None] = queue.Queue(maxsize=2)
+    stop = threading.Event()
+
+    def rewrite_all() -> None:
+        try:
+            _, done.dropped = _rewrite(sources, workdir, epoch, stop, made.put)
+            made.put(None)
+        except BaseException as error:  # handed to the reader
+            made.put(error)
+
+    def handed_on() -> Iterator[tuple[str, Path | None]]:
+        while (item := made.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    worker = threading.Thread(target=rewrite_all, daemon=True)
+    worker.start()
+    try:
+        yield handed_on()
+    finally:
+        stop.set()
+        while worker.is_alive():  # let a rewrite blocked on a full queue see the stop
+            with contextlib.suppress(queue.Empty):
+                made.get(timeout=0.1)
+        worker.join()
