@@ -119,7 +119,8 @@ def bench(session: nox.Session) -> None:
     """Benchmarks, ratios side by side in one run (targets in README)."""
     _install(session)
     _ensure_engine(session)
-    session.run("python", "benchmarks/bench.py", *session.posargs, env={"PYTHONUNBUFFERED": "1"})
+    # The checkout on the path: the bench uses tests/support (the loopback registry, ctr, Docker 29).
+    session.run("python", "benchmarks/bench.py", *session.posargs, env={"PYTHONUNBUFFERED": "1", "PYTHONPATH": "."})
 
 
 @nox.session
