@@ -453,32 +453,54 @@ def write_layer(stream: Iterator[tuple[Entry, DataReader | None]], sink: IO[byte
     return CanonicalLayer("sha256:" + out.digest.hexdigest(), out.size, len(written), dropped)
 
 
+# How to read an entry's data when its turn comes (entries are gathered first, then sorted).
+Opener = Callable[[], DataReader]
+
+
 def _sorted(source: IO[bytes], epoch: int, workdir: Path) -> Iterator[tuple[Entry, DataReader | None]]:
-    """A layer's entries in walk order, their data kept in a spool file meanwhile. A hard link
-    whose target sorts after it carries the data instead, so every link follows its target."""
+    """A layer's entries in walk order, their data kept in a spool file meanwhile."""
     with tempfile.TemporaryFile(dir=workdir) as spool:
-        found: list[tuple[Entry, int]] = []
+        found: list[tuple[Entry, Opener | None]] = []
         for entry, data in entries(source, epoch):
             offset = spool.tell()
             if data is not None:
                 while chunk := data.read():
                     spool.write(chunk)
-            found.append((entry, offset))
-        by_name = {entry.name: (entry, offset) for entry, offset in found}
-        heads: dict[str, str] = {}
-        for entry, offset in sorted(found, key=lambda item: item[0].key):
-            if entry.kind == HARDLINK and entry.linkname in by_name:
-                target, target_offset = by_name[entry.linkname]
-                head = heads.setdefault(entry.linkname, entry.name)
-                if head == entry.name:  # the first of the group in walk order carries the data
-                    entry.kind, entry.size, entry.linkname, offset = REGULAR, target.size, "", target_offset
-                else:
-                    entry.linkname = head
-            elif entry.kind == REGULAR and heads.get(entry.name, entry.name) != entry.name:
-                entry.kind, entry.size, entry.linkname = HARDLINK, 0, heads[entry.name]
-            elif entry.kind == REGULAR:
-                heads.setdefault(entry.name, entry.name)
-            yield entry, _SpoolReader(spool, offset, entry.size) if entry.kind == REGULAR else None
+            found.append((entry, _spool_opener(spool, offset, entry.size) if data is not None else None))
+        yield from in_walk_order(found)
+
+
+def _spool_opener(spool: IO[bytes], offset: int, size: int) -> Opener:
+    return lambda: _SpoolReader(spool, offset, size)
+
+
+def in_walk_order(found: list[tuple[Entry, Opener | None]]) -> Iterator[tuple[Entry, DataReader | None]]:
+    """Entries gathered in any order, in walk order. A hard link whose target sorts after it
+    carries the data instead, so every link follows its target."""
+    by_name = {entry.name: (entry, opener) for entry, opener in found}
+    heads: dict[str, str] = {}
+    for entry, opener in sorted(found, key=lambda item: item[0].key):
+        if entry.kind == HARDLINK and entry.linkname in by_name:
+            target, target_opener = by_name[entry.linkname]
+            head = heads.setdefault(entry.linkname, entry.name)
+            if head == entry.name:  # the first of the group in walk order carries the data
+                entry.kind, entry.size, entry.linkname, opener = REGULAR, target.size, "", target_opener
+            else:
+                entry.linkname = head
+        elif entry.kind == REGULAR and heads.get(entry.name, entry.name) != entry.name:
+            entry.kind, entry.size, entry.linkname = HARDLINK, 0, heads[entry.name]
+        elif entry.kind == REGULAR:
+            heads.setdefault(entry.name, entry.name)
+        yield (
+            entry,
+            (opener() if opener is not None else DataReader(io.BytesIO(), 0)) if entry.kind == REGULAR else None,
+        )
+
+
+def rewrite_gathered(found: list[tuple[Entry, Opener | None]], target: Path, lower: LowerTree) -> CanonicalLayer:
+    """A layer whose entries were gathered (from a layer's folder, say) rewritten into `target`."""
+    with target.open("wb") as sink:
+        return write_layer(in_walk_order(found), sink, lower, check_order=False)
 
 
 class _SpoolReader(DataReader):

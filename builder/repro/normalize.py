@@ -34,7 +34,7 @@ import docker
 import docker.errors
 
 from builder import times
-from builder.engine import archive, canonical, contentstore, ids
+from builder.engine import archive, canonical, contentstore, ids, layerdirs
 from builder.errors import UserError
 from builder.progress import Report
 from builder.repro import manifests
@@ -166,10 +166,27 @@ def _spool_saved(engine: docker.DockerClient, raw_id: str, workdir: Path) -> tup
 
 @dataclass(frozen=True)
 class LayerSource:
-    """One of the engine's layers: how to open it (again), and whether it is a spool file of ours."""
+    """One of the engine's layers: how to open it (again) as a tar, and whether that is a spool
+    file of ours; or the folder of its files."""
 
     open: Callable[[], IO[bytes]]
     spooled: Path | None = None
+    folder: layerdirs.LayerFolder | None = None
+
+
+def _no_tar() -> IO[bytes]:
+    raise AssertionError("a layer read from its folder has no tar to open")
+
+
+def _inspected_config(engine: docker.DockerClient, raw_id: str) -> dict[str, Any]:
+    """The fields of the engine's config the builder's config takes (canonical_config), from the
+    engine's answer to `inspect`: the same values its config holds, without saving the image."""
+    attrs = engine.api.inspect_image(raw_id)
+    config: dict[str, Any] = {"architecture": attrs.get("Architecture", ""), "os": attrs.get("Os", "")}
+    config["config"] = attrs.get("Config") or {}
+    if attrs.get("Variant"):
+        config["variant"] = attrs["Variant"]
+    return config
 
 
 def _spooled(path: Path) -> LayerSource:
@@ -192,7 +209,10 @@ def _rewrite(
         if stop is not None and stop.is_set():
             raise UserError("the load of the canonical image stopped; its rewrite stopped with it")
         target = workdir / f"canonical-{index}.tar"
-        result = canonical.rewrite_layer(source.open, target, lower, epoch)
+        if source.folder is not None:
+            result = canonical.rewrite_gathered(source.folder.gathered(epoch), target, lower)
+        else:
+            result = canonical.rewrite_layer(source.open, target, lower, epoch)
         if source.spooled is not None:
             source.spooled.unlink()
         layers.append((result.diff_id, target))
@@ -212,6 +232,10 @@ def _engine_layers(
     if stored is not None:
         done.source = "containerd's content store"
         return json.loads(stored.config), [LayerSource(blob.open) for blob in stored.layers]
+    folders = layerdirs.locate(engine, raw_id)
+    if folders is not None:
+        done.source = "the overlay2 driver's layer folders"
+        return _inspected_config(engine, raw_id), [LayerSource(_no_tar, folder=f) for f in folders]
     mark = time.monotonic()
     engine_config, saved = _spool_saved(engine, raw_id, workdir)
     done.seconds["save"] = time.monotonic() - mark
@@ -257,7 +281,7 @@ def normalize_image(
         mark = time.monotonic()
         with _rewriting(sources, workdir, epoch, done) as layers:
             loaded = archive.load_as_made(engine, layers, config_of, reference, epoch)
-        read = "read from containerd's store, " if done.source != "docker save" else ""
+        read = f"read from {done.source}, " if done.source != "docker save" else ""
         done.seconds[f"{read}rewrite and load, overlapped"] = time.monotonic() - mark
     done.image_id = ids.remember(loaded[0].id, configs[-1])
     _remember(raw.id, loaded[0].id)
