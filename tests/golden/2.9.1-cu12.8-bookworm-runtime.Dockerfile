@@ -43,8 +43,8 @@ RUN mkdir -p /tmp/apt/lists/partial /tmp/apt/cache/archives/partial /tmp/apt/sou
       python3=3.11.2-1+b1 \
  && mkdir -p /opt/torch-images \
  && python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
-      http://127.0.0.1:8741/files/fee208392bac2c53/settle-layer.sh /opt/torch-images/settle-layer.sh \
- && echo "fee208392bac2c539a0b25260ce9938374104718b5ce11e2f6c307477b7764d3  /opt/torch-images/settle-layer.sh" | sha256sum --check --quiet \
+      http://127.0.0.1:8741/files/190404ecd1e33240/settle-layer.sh /opt/torch-images/settle-layer.sh \
+ && echo "190404ecd1e33240bb7beb9df280dc37b71e4c62c92f1698e648f9815bb48473  /opt/torch-images/settle-layer.sh" | sha256sum --check --quiet \
  && sh /opt/torch-images/settle-layer.sh
 
 # ---- python: the distro's Python in a virtual environment on PATH ----------------------
