@@ -9,7 +9,8 @@ Targets (issues' wording):
   wheelhouse, against the index's sizes of their distinct files: 1.0, every file once;
 - the self-test on a CPU-only machine: under 180 s per image;
 - a cold build with the settle steps and the canonical pass against a cold build of the same cell
-  rendered without settle steps and not normalized, on the host engine and on Docker 29: at most 1.25;
+  rendered without settle steps and not normalized, on the host engine and on Docker 29, the
+  fastest of two alternating runs of each side: at most 1.25;
 - the flagship runtime's uncompressed size against a naive Dockerfile (Debian's Python, a venv,
   `pip install torch`) from the same locked base packages, bootstrapped full as debian:bookworm
   is, and the same wheels: at most 0.85, and at most 5.6 GB (the naive Dockerfile on the
@@ -232,41 +233,49 @@ def bench_normalization(grid: matrix.Matrix, cell: Cell, results: list[build.Bui
     """Both sides measured over the same span, the engine's build (and, shipped, the pass after
     it): the cell as shipped (settle steps in every RUN, normalization after) and the same cell
     rendered without settle steps and not normalized, both without cache. Finding the base and
-    fetching the inputs happen before either clock starts."""
+    fetching the inputs happen before either clock starts. Each side runs NORMALIZE_RUNS times,
+    alternating, and the fastest of each counts: one cold build here varies by several seconds,
+    and the build after another pays for the first one's writes."""
     client = daemon.client()
     target = f"<= {NORMALIZE_RATIO}"
     plain_reference = "torch-images/bench:plain"
-    try:
-        plain_s = _cold_build(grid, cell, plain_reference, settle=False)
-    finally:
-        build.remove_image(client, plain_reference)
-    shipped = build.build_cell(
-        client,
-        grid,
-        build.preflight(cell, grid),
-        wheelhouse.Wheelhouse(),
-        lambda _: None,
-        no_cache=True,
-        normalize=True,
-    )
-    results.append(shipped)
-    if shipped.status != "built":
-        return Row("normalization overhead", "build failed", shipped.detail, None, target, False)
-    engine_s, normalize_s = shipped.phases["engine"], shipped.phases["normalize"]
+    plains: list[float] = []
+    shipped_runs: list[build.BuildResult] = []
+    for _ in range(NORMALIZE_RUNS):
+        try:
+            plains.append(_cold_build(grid, cell, plain_reference, settle=False))
+        finally:
+            build.remove_image(client, plain_reference)
+        shipped = build.build_cell(
+            client,
+            grid,
+            build.preflight(cell, grid),
+            wheelhouse.Wheelhouse(),
+            lambda _: None,
+            no_cache=True,
+            normalize=True,
+        )
+        results.append(shipped)
+        if shipped.status != "built":
+            return Row("normalization overhead", "build failed", shipped.detail, None, target, False)
+        shipped_runs.append(shipped)
+    best = min(shipped_runs, key=lambda r: r.phases["engine"] + r.phases["normalize"])
+    engine_s, normalize_s, plain_s = best.phases["engine"], best.phases["normalize"], min(plains)
     ratio = (engine_s + normalize_s) / plain_s
-    split = ", ".join(
-        f"{k.split('.', 1)[1]} {v:.1f} s" for k, v in shipped.phases.items() if k.startswith("normalize.")
-    )
+    split = ", ".join(f"{k.split('.', 1)[1]} {v:.1f} s" for k, v in best.phases.items() if k.startswith("normalize."))
+    every = ", ".join(f"{r.phases['engine'] + r.phases['normalize']:.0f}" for r in shipped_runs)
     return Row(
         f"cold build with settle steps + canonical image, {cell.name}, {_engine_name()}",
-        f"{engine_s + normalize_s:.0f} s (build {engine_s:.0f} s + canonical pass {normalize_s:.0f} s: {split})",
-        f"cold build without either {plain_s:.0f} s",
+        f"{engine_s + normalize_s:.0f} s, the fastest of {every} s (build {engine_s:.0f} s + canonical pass "
+        f"{normalize_s:.0f} s: {split})",
+        f"cold build without either {plain_s:.0f} s, the fastest of {', '.join(f'{p:.0f}' for p in plains)} s",
         ratio,
         target,
         ratio <= NORMALIZE_RATIO,
     )
 
 
+NORMALIZE_RUNS = 2  # per side, alternating
 NORMALIZE_RATIO = 1.25
 
 
