@@ -782,7 +782,9 @@ def test_pruning_deletes_stale_reports_and_their_statements_and_never_a_failure(
         if signed:
             provenance.attach_report(api, "torch", subject, tag, about, report, signer)
 
-    newest = smoke_result.report
+    # The report publish attached (the build machine's latest self-test of this image).
+    [newest] = reports.attached(api, "torch", subject.digest)
+    assert newest["image_id"] == item.image_id and newest["status"] == "pass"
     attach({**newest, "time": "2020-01-01T00:00:00Z"})  # an older pass of the same device
     attach({**newest, "image_id": "sha256:" + "d" * 64}, signed=False)  # another image's
     failed = {**newest, "status": "fail", "failed": ["sdpa"], "device": "NVIDIA H200", "time": "2019-01-01T00:00:00Z"}
