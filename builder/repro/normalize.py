@@ -166,16 +166,22 @@ def _spool_saved(engine: docker.DockerClient, raw_id: str, workdir: Path) -> tup
 
 @dataclass(frozen=True)
 class LayerSource:
-    """One of the engine's layers: how to open it (again) as a tar, and whether that is a spool
-    file of ours; or the folder of its files."""
+    """One of the engine's layers and how it is read: as a tar (a blob of the content store, or a
+    spool file of ours, removed once read: the disk holds one copy of the image, not two), or
+    from the folder of its files."""
 
-    open: Callable[[], IO[bytes]]
+    tar: Callable[[], IO[bytes]] | None = None
     spooled: Path | None = None
     folder: layerdirs.LayerFolder | None = None
 
-
-def _no_tar() -> IO[bytes]:
-    raise AssertionError("a layer read from its folder has no tar to open")
+    def rewrite(self, target: Path, lower: canonical.LowerTree, epoch: int) -> canonical.CanonicalLayer:
+        if self.folder is not None:
+            return canonical.rewrite_gathered(self.folder.gathered(epoch), target, lower)
+        assert self.tar is not None, "a layer source is a tar or a folder"
+        result = canonical.rewrite_layer(self.tar, target, lower, epoch)
+        if self.spooled is not None:
+            self.spooled.unlink()
+        return result
 
 
 def _inspected_config(engine: docker.DockerClient, raw_id: str) -> dict[str, Any]:
@@ -190,7 +196,7 @@ def _inspected_config(engine: docker.DockerClient, raw_id: str) -> dict[str, Any
 
 
 def _spooled(path: Path) -> LayerSource:
-    return LayerSource(lambda: path.open("rb"), path)
+    return LayerSource(tar=lambda: path.open("rb"), spooled=path)
 
 
 def _rewrite(
@@ -200,8 +206,7 @@ def _rewrite(
     stop: threading.Event | None = None,
     made: Callable[[tuple[str, Path]], None] = lambda _: None,
 ) -> tuple[list[tuple[str, Path]], int]:
-    """Each layer, in the image's order, rewritten into a canonical file and handed to `made` (a
-    spool file is removed once read: the disk holds one copy of the image, not two)."""
+    """Each layer, in the image's order, rewritten into a canonical file and handed to `made`."""
     lower = canonical.LowerTree()
     layers: list[tuple[str, Path]] = []
     dropped = 0
@@ -209,12 +214,7 @@ def _rewrite(
         if stop is not None and stop.is_set():
             raise UserError("the load of the canonical image stopped; its rewrite stopped with it")
         target = workdir / f"canonical-{index}.tar"
-        if source.folder is not None:
-            result = canonical.rewrite_gathered(source.folder.gathered(epoch), target, lower)
-        else:
-            result = canonical.rewrite_layer(source.open, target, lower, epoch)
-        if source.spooled is not None:
-            source.spooled.unlink()
+        result = source.rewrite(target, lower, epoch)
         layers.append((result.diff_id, target))
         made(layers[-1])
         dropped += result.dropped
@@ -231,11 +231,11 @@ def _engine_layers(
     stored = contentstore.read_image(engine, raw_id, blobs) if blobs is not None else None
     if stored is not None:
         done.source = "containerd's content store"
-        return json.loads(stored.config), [LayerSource(blob.open) for blob in stored.layers]
+        return json.loads(stored.config), [LayerSource(tar=blob.open) for blob in stored.layers]
     folders = layerdirs.locate(engine, raw_id)
     if folders is not None:
         done.source = "the overlay2 driver's layer folders"
-        return _inspected_config(engine, raw_id), [LayerSource(_no_tar, folder=f) for f in folders]
+        return _inspected_config(engine, raw_id), [LayerSource(folder=f) for f in folders]
     mark = time.monotonic()
     engine_config, saved = _spool_saved(engine, raw_id, workdir)
     done.seconds["save"] = time.monotonic() - mark
