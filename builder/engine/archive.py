@@ -57,13 +57,6 @@ def image_config(
     )
 
 
-def write_load_archive(archive: IO[bytes], config: bytes, layers: Layers, reference: str, epoch: int) -> None:
-    """A `docker load` archive, written as a stream. A layer without a file is one the engine
-    already has: its loader looks a layer up by chain ID before it opens the file, so the file
-    may be absent."""
-    write_load_archive_as_made(archive, iter(layers), lambda _: config, reference, epoch)
-
-
 def write_load_archive_as_made(
     archive: IO[bytes],
     layers: Iterator[tuple[str, Path | None]],
@@ -99,7 +92,9 @@ def write_load_archive_as_made(
 
 
 def load(engine: docker.DockerClient, config: bytes, layers: Layers, reference: str, epoch: int) -> list[Any]:
-    """`docker load` of an image, the archive written into a pipe as the engine reads it."""
+    """`docker load` of an image, the archive written into a pipe as the engine reads it. A layer
+    without a file is one the engine already has: its loader looks a layer up by chain ID before it
+    opens the file, so the file may be absent."""
     return load_as_made(engine, iter(layers), lambda _: config, reference, epoch)
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import re
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -27,10 +26,8 @@ from typing import IO, Any
 import docker
 
 from builder.errors import UserError
+from builder.oci.registry import DIGEST, INDEX_TYPES, sha256_digest
 
-MANIFEST_TYPES = ("application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json")
-INDEX_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
-DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
 DOCUMENT_LIMIT = 4 << 20
 CHUNK = 1 << 20
 
@@ -124,8 +121,7 @@ def _platform_manifest(index: dict[str, Any], architecture: str, os_name: str) -
 
 
 def _blob(blobs: Path, digest: str) -> Blob | None:
-    match = DIGEST.fullmatch(digest)
-    path = blobs / match.group(1) if match else None
+    path = blobs / digest.removeprefix("sha256:") if DIGEST.fullmatch(digest) else None
     return Blob(digest, path) if path is not None and path.is_file() else None
 
 
@@ -134,7 +130,7 @@ def _bytes(blobs: Path, digest: str) -> bytes | None:
     if blob is None or blob.path.stat().st_size > DOCUMENT_LIMIT:
         return None
     data = blob.path.read_bytes()
-    if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
+    if sha256_digest(data) != digest:
         raise UserError(f"containerd's content store holds {digest[:19]} with other bytes; its store is damaged")
     return data
 

@@ -451,9 +451,11 @@ class Registry:
         entries = [e for e in listed if e.get("digest") != artifact.digest]
         entry = {"mediaType": OCI_MANIFEST, "digest": artifact.digest, "size": len(artifact.body)}
         entries.append({**entry, "artifactType": artifact_type, "annotations": annotations})
+        self._put_referrers_tag(repository, tag, entries)
+
+    def _put_referrers_tag(self, repository: str, tag: str, entries: list[dict[str, Any]]) -> None:
         index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": entries}
-        body = json.dumps(index, sort_keys=True).encode()
-        self.put_manifest(repository, tag, Manifest.of(body, OCI_INDEX))
+        self.put_manifest(repository, tag, Manifest.of(json.dumps(index, sort_keys=True).encode(), OCI_INDEX))
 
     def delete_manifest(self, repository: str, digest: str) -> None:
         """Delete a manifest by digest (with the tags on it); one that is already gone is fine."""
@@ -478,8 +480,7 @@ class Registry:
         listed = json.loads(current.body).get("manifests", [])
         kept = [entry for entry in listed if isinstance(entry, dict) and entry.get("digest") not in digests]
         if len(kept) != len(listed):
-            index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": kept}
-            self.put_manifest(repository, tag, Manifest.of(json.dumps(index, sort_keys=True).encode(), OCI_INDEX))
+            self._put_referrers_tag(repository, tag, kept)
 
     def referrers(self, repository: str, subject: str, artifact_type: str | None = None) -> list[dict[str, Any]]:
         """The artifacts attached to `subject`: from the referrers API where the registry has it,

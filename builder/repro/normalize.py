@@ -203,22 +203,21 @@ def _rewrite(
     sources: list[LayerSource],
     workdir: Path,
     epoch: int,
-    stop: threading.Event | None = None,
-    made: Callable[[tuple[str, Path]], None] = lambda _: None,
-) -> tuple[list[tuple[str, Path]], int]:
-    """Each layer, in the image's order, rewritten into a canonical file and handed to `made`."""
+    stop: threading.Event,
+    made: Callable[[tuple[str, Path]], None],
+) -> int:
+    """Each layer, in the image's order, rewritten into a canonical file and handed to `made`;
+    returns the entries dropped as changing nothing."""
     lower = canonical.LowerTree()
-    layers: list[tuple[str, Path]] = []
     dropped = 0
     for index, source in enumerate(sources):
-        if stop is not None and stop.is_set():
+        if stop.is_set():
             raise UserError("the load of the canonical image stopped; its rewrite stopped with it")
         target = workdir / f"canonical-{index}.tar"
         result = source.rewrite(target, lower, epoch)
-        layers.append((result.diff_id, target))
-        made(layers[-1])
+        made((result.diff_id, target))
         dropped += result.dropped
-    return layers, dropped
+    return dropped
 
 
 def _engine_layers(
@@ -300,7 +299,7 @@ def _rewriting(
 
     def rewrite_all() -> None:
         try:
-            _, done.dropped = _rewrite(sources, workdir, epoch, stop, made.put)
+            done.dropped = _rewrite(sources, workdir, epoch, stop, made.put)
             made.put(None)
         except BaseException as error:  # handed to the reader
             made.put(error)

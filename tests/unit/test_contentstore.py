@@ -68,17 +68,17 @@ def store(tmp_path: Path) -> tuple[Path, dict[str, Any], list[str]]:
     layers = [_put(blobs, _layer("a", b"first")), _put(blobs, _layer("b", b"second"))]
     config = _put(blobs, json.dumps({"architecture": "amd64", "rootfs": {"diff_ids": []}}).encode())
     manifest = json.dumps({
-        "mediaType": contentstore.MANIFEST_TYPES[0],
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
         "config": {"digest": config},
         "layers": [{"digest": d} for d in layers],
     }).encode()  # fmt: skip
     arm = _put(blobs, b'{"mediaType": "application/vnd.oci.image.manifest.v1+json", "layers": []}')
     index = json.dumps({
-        "mediaType": contentstore.INDEX_TYPES[0],
+        "mediaType": "application/vnd.oci.image.index.v1+json",
         "manifests": [{"digest": arm, "platform": {"architecture": "arm64", "os": "linux"}},
                       {"digest": _put(blobs, manifest), "platform": {"architecture": "amd64", "os": "linux"}}],
     }).encode()  # fmt: skip
-    return blobs, {"digest": _put(blobs, index), "mediaType": contentstore.INDEX_TYPES[0]}, layers
+    return blobs, {"digest": _put(blobs, index), "mediaType": "application/vnd.oci.image.index.v1+json"}, layers
 
 
 def test_an_images_layers_come_in_its_order_from_its_platforms_manifest(store) -> None:  # type: ignore[no-untyped-def]
