@@ -252,8 +252,7 @@ def bench_normalization(grid: matrix.Matrix, cell: Cell, results: list[build.Bui
             build.preflight(cell, grid),
             wheelhouse.Wheelhouse(),
             lambda _: None,
-            no_cache=True,
-            normalize=True,
+            build.BuildOptions(no_cache=True),
         )
         results.append(shipped)
         if shipped.status != "built":
@@ -333,7 +332,12 @@ def bench_arm64(results: list[build.BuildResult]) -> list[Row]:
     client = daemon.client()
     build.cell_base(client, grid, build.preflight(cell, grid), lambda _: None)  # a bootstrap is not the build
     built = build.build_cell(
-        client, grid, build.preflight(cell, grid), wheelhouse.Wheelhouse(), lambda _: None, no_cache=True
+        client,
+        grid,
+        build.preflight(cell, grid),
+        wheelhouse.Wheelhouse(),
+        lambda _: None,
+        build.BuildOptions(no_cache=True),
     )
     results.append(built)
     target = "< 1200 s"
@@ -656,7 +660,9 @@ def bench_fresh(grid: matrix.Matrix, results: list[build.BuildResult]) -> Row:
             shutil.rmtree(Path(scratch), ignore_errors=True)  # what finding the base's tag cached
             Path(scratch).mkdir()
             started = time.perf_counter()
-            built = build.build_cell(client, grid, locks, wheelhouse.Wheelhouse(), lambda _: None, no_cache=True)
+            built = build.build_cell(
+                client, grid, locks, wheelhouse.Wheelhouse(), lambda _: None, build.BuildOptions(no_cache=True)
+            )
             results.append(built)
             tested = smoke.run(client, build.local_reference(grid, cell), gpus=False) if built.has_image else None
             total = time.perf_counter() - started

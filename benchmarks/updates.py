@@ -167,7 +167,9 @@ def _build(
 ) -> build.BuildResult:
     grid = matrix.load_matrix(matrix_path)
     locks = build.preflight(grid.cell(cell_name), grid)
-    result = build.build_cell(client, grid, locks, wheelhouse.Wheelhouse(), lambda _: None, no_cache=no_cache)
+    result = build.build_cell(
+        client, grid, locks, wheelhouse.Wheelhouse(), lambda _: None, build.BuildOptions(no_cache=no_cache)
+    )
     if result.status not in ("built", "unchanged"):
         raise RuntimeError(f"{cell_name}: {result.status}: {result.detail}")
     kept.append(result)  # its steps stay: the next state's build reuses those it shares

@@ -171,21 +171,28 @@ def cell_build_id(
     return base_reference, build_id(locks.cell, ids.config_digest(engine, base_reference))
 
 
+@dataclass(frozen=True)
+class BuildOptions:
+    """How a build runs, chosen once (by the command line or a caller) and handed down whole."""
+
+    no_cache: bool = False  # build every step again, and never take an image found unchanged
+    normalize: bool = True  # rewrite the engine's image into the builder's canonical bytes
+    backend: str = "sdk"  # "sdk" (the classic builder through the Docker SDK) or "buildkit"
+    published: Callable[[str], bool] | None = None  # `build --skip-existing`: is this build ID in the registry?
+
+
 def build_cell(
     engine: docker.DockerClient,
     grid: Matrix,
     locks: CellLocks,
     house: wheelhouse.Wheelhouse,
     report: Report,
-    no_cache: bool = False,
-    normalize: bool = True,
-    backend: str = "sdk",
+    options: BuildOptions = BuildOptions(),
     reference: str | None = None,
-    published: Callable[[str], bool] | None = None,
 ) -> BuildResult:
     """Build one cell. An image already tagged `reference` with the same build ID is left as it
-    is (status "unchanged") unless no_cache, and one whose build ID is `published` (in the
-    registry: `build --skip-existing`) is not built at all (status "in registry"). The engine's
+    is (status "unchanged") unless options.no_cache, and one whose build ID is options.published (in
+    the registry: `build --skip-existing`) is not built at all (status "in registry"). The engine's
     pre-normalization image is returned as `intermediate` for the caller to remove (see
     discard_intermediates). `locks` are the cell's inputs as `preflight` read and checked them,
     once per cell and run: nothing here reads them again."""
@@ -195,12 +202,12 @@ def build_cell(
     started = time.monotonic()
     base_reference, result.build_id = cell_build_id(engine, grid, locks, report, house)
     result.phases["base"] = time.monotonic() - started
-    if published is not None and published(result.build_id):
+    if options.published is not None and options.published(result.build_id):
         report(f"{cell.name}: build ID {result.build_id[:12]} is already in the registry; not built")
         result.state, result.seconds = BuildState.IN_REGISTRY, time.monotonic() - started
         return result
-    normalized_at = times.iso_utc(grid.spec.source_date_epoch).removesuffix("Z") if normalize else None
-    existing = None if no_cache else _existing_build(engine, reference, result.build_id, normalized_at)
+    normalized_at = times.iso_utc(grid.spec.source_date_epoch).removesuffix("Z") if options.normalize else None
+    existing = None if options.no_cache else _existing_build(engine, reference, result.build_id, normalized_at)
     if existing is not None:
         report(f"{cell.name}: unchanged since its last build (build ID {result.build_id[:12]})")
         result.image_id, result.size_bytes, result.state = (
@@ -218,10 +225,10 @@ def build_cell(
     result.phases["inputs"] = time.monotonic() - mark
     labels = {BUILD_ID_LABEL: result.build_id}
     epoch = grid.spec.source_date_epoch
-    request = BuildRequest(cell, reference, base_reference, epoch, no_cache, labels)
+    request = BuildRequest(cell, reference, base_reference, epoch, options.no_cache, labels)
     mark = time.monotonic()
     with wheelserver.serve(house, grid.spec.wheelhouse.listen):
-        if backend == "buildkit":
+        if options.backend == "buildkit":
             error = backends.buildkit_build(engine, request, report)
         else:
             error = backends.classic_build(engine, request, report)
@@ -231,7 +238,7 @@ def build_cell(
         result.state, result.detail = BuildState.FAILED, error
         return result
     raw_id = engine.images.get(reference).id
-    if normalize:
+    if options.normalize:
         mark = time.monotonic()
         steps = repro.dockerfile_steps(cell.file("Dockerfile").read_text())
         canonical = repro.normalize_image(engine, reference, epoch, steps, base_reference, report)

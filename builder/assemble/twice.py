@@ -24,7 +24,7 @@ def build_once(
     and the build ID (the inputs it was built from)."""
     locks = build.preflight(cell, grid)
     with progress(f"{cell.name}: building without cache") as report:
-        result = build.build_cell(engine, grid, locks, house, report, no_cache=True)
+        result = build.build_cell(engine, grid, locks, house, report, build.BuildOptions(no_cache=True))
     build.discard_intermediates(engine, [result])
     if result.state is not build.BuildState.BUILT:
         raise UserError(f"{cell.name}: the build failed: {result.detail}")

@@ -140,9 +140,8 @@ def _build_and_test(
 ) -> build.BuildResult:
     cell = locks.cell
     with progress(f"{cell.name}: starting") as report:
-        result = build.build_cell(
-            client, grid, locks, house, report, args.no_cache, not args.no_normalize, args.backend, published=published
-        )
+        options = build.BuildOptions(args.no_cache, not args.no_normalize, args.backend, published)
+        result = build.build_cell(client, grid, locks, house, report, options)
         if result.has_image and not args.no_normalize:
             result.recorded, said = recorded.compare(cell, result.image_id, result.build_id)
             report(f"{cell.name}: {said}")

@@ -17,16 +17,12 @@ import docker
 
 from builder import times
 from builder.config import platform as platforms
+from builder.digests import canonical_json
 from builder.engine import canonical
 from builder.errors import UserError
 
 # (diff_id, the layer's tar, or None: a layer the engine already has)
 Layers = list[tuple[str, Path | None]]
-
-
-def canonical_json(document: dict[str, Any]) -> bytes:
-    """A config serialised one way only: its sha256 is the image ID."""
-    return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
 
 
 def _variant(architecture: str) -> str | None:

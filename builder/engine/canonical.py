@@ -474,6 +474,12 @@ def _spool_opener(spool: IO[bytes], offset: int, size: int) -> Opener:
     return lambda: _SpoolReader(spool, offset, size)
 
 
+def file_opener(open_file: Callable[[], IO[bytes]], size: int) -> Opener:
+    """An entry's data in a file of its own, opened when its turn comes and closed once read to
+    its end (a layer's folder holds more files than a process may keep open)."""
+    return lambda: _FileReader(open_file(), size)
+
+
 def in_walk_order(found: list[tuple[Entry, Opener | None]]) -> Iterator[tuple[Entry, DataReader | None]]:
     """Entries gathered in any order, in walk order. A hard link whose target sorts after it
     carries the data instead, so every link follows its target."""
@@ -512,6 +518,14 @@ class _SpoolReader(DataReader):
         self.source.seek(self.offset)
         data = super().read(count)
         self.offset += len(data)
+        return data
+
+
+class _FileReader(DataReader):
+    def read(self, count: int = CHUNK) -> bytes:
+        data = super().read(count)
+        if not data or self.left == 0:
+            self.source.close()
         return data
 
 

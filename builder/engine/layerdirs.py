@@ -118,7 +118,8 @@ def _walk(
 
 
 def _opener(path: Path, size: int) -> canonical.Opener:
-    return lambda: _FileReader(path, size)
+    # O_NOFOLLOW: the walk saw a regular file; a link put there since is refused, not followed.
+    return canonical.file_opener(lambda: os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb"), size)
 
 
 def _xattr(path: Path, name: str) -> bytes | None:
@@ -126,17 +127,3 @@ def _xattr(path: Path, name: str) -> bytes | None:
         return os.getxattr(path, name, follow_symlinks=False)
     except OSError:
         return None
-
-
-class _FileReader(canonical.DataReader):
-    """A regular file's data, read from the layer's folder; closed once read to its end."""
-
-    def __init__(self, path: Path, size: int) -> None:
-        # O_NOFOLLOW: the walk saw a regular file; a link put there since is refused, not followed.
-        super().__init__(os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb"), size)
-
-    def read(self, count: int = canonical.CHUNK) -> bytes:
-        data = super().read(count)
-        if not data or self.left == 0:
-            self.source.close()
-        return data

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from builder.config import platform as platforms
-from builder.engine import archive
+from builder.digests import canonical_json
 from builder.errors import UserError
 from builder.oci.registry import OCI_INDEX, Manifest, Registry
 from builder.plan.cell import Cell
@@ -76,7 +76,7 @@ def index_of(tag: str, images: list[tuple[Cell, Manifest]]) -> Manifest:
         "manifests": entries,
         "annotations": {"org.opencontainers.image.ref.name": tag},
     }
-    return Manifest.of(archive.canonical_json(document), OCI_INDEX)
+    return Manifest.of(canonical_json(document), OCI_INDEX)
 
 
 def push_indexes(registry: Registry, grid: Matrix, items: list[Publication], report: Report) -> None:

@@ -35,6 +35,7 @@ import docker
 import zstandard
 
 from builder import paths
+from builder.digests import canonical_json
 from builder.engine import archive, ids
 from builder.errors import UserError
 from builder.oci.registry import OCI_MANIFEST, Manifest, Registry
@@ -145,7 +146,7 @@ def zstd_manifest(config: dict[str, Any], layers: list[Blob], level: int) -> Man
         "layers": [{"mediaType": ZSTD_LAYER, "digest": blob.digest, "size": blob.size} for blob in layers],
         "annotations": {COMPRESSION_ANNOTATION: describe(level)},
     }
-    return Manifest.of(archive.canonical_json(document), OCI_MANIFEST)
+    return Manifest.of(canonical_json(document), OCI_MANIFEST)
 
 
 def is_zstd_form(manifest: Manifest, image_id: str) -> bool:
@@ -260,4 +261,4 @@ def push_gzip_form(
         "layers": [{"mediaType": GZIP_LAYER, "digest": found[d].digest, "size": found[d].size} for d in diff_ids],
         "annotations": {COMPRESSION_ANNOTATION: f"gzip level {GZIP_LEVEL}, zlib {zlib.ZLIB_RUNTIME_VERSION}"},
     }
-    return Manifest.of(archive.canonical_json(document), OCI_MANIFEST)
+    return Manifest.of(canonical_json(document), OCI_MANIFEST)

@@ -34,6 +34,7 @@ import docker
 import docker.errors
 
 from builder import times
+from builder.digests import canonical_json
 from builder.engine import archive, canonical, contentstore, ids, layerdirs
 from builder.errors import UserError
 from builder.progress import Report
@@ -129,7 +130,7 @@ def canonical_config(
     }
     if engine_config.get("variant"):
         config["variant"] = engine_config["variant"]
-    return archive.canonical_json(config)
+    return canonical_json(config)
 
 
 def base_history(engine: docker.DockerClient, base_reference: str) -> list[dict[str, Any]]:

@@ -67,7 +67,9 @@ def built(client: docker.DockerClient, pytestconfig: pytest.Config) -> Iterator[
     grid = matrix.load_matrix(REPO / "matrix.yaml")
     cell = _pick_cell(grid, pytestconfig.getoption("--cell"))
     reference = build.local_reference(grid, cell)
-    result = build.build_cell(client, grid, build.preflight(cell, grid), wheelhouse.Wheelhouse(), print, no_cache=True)
+    result = build.build_cell(
+        client, grid, build.preflight(cell, grid), wheelhouse.Wheelhouse(), print, build.BuildOptions(no_cache=True)
+    )
     assert result.status == "built", result.detail
     # Its intermediate steps stay until the session ends: the devel sibling reuses them.
     yield BuiltCell(grid, cell, reference, result.image_id, client, result.build_id)

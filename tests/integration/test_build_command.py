@@ -1,5 +1,6 @@
-"""`build` on the real engine: one pass over each cell's inputs, and the self-test of a cell with
-a recorded image ID is not skipped."""
+"""`build` on the real engine: one pass over each cell's inputs, the self-test of a cell with a
+recorded image ID is not skipped, and a cell's build goes down through the stages without
+climbing back into a file it came through (tests/support/walk.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from builder import cli
 from builder.lock import inputs
 from tests.integration.conftest import BuiltCell
+from tests.support import walk
 
 pytestmark = pytest.mark.integration
 
@@ -31,3 +33,18 @@ def test_a_build_reads_and_checks_each_cells_inputs_once(
     assert code == 0, output[-3000:]
     assert reads == {built.cell.name: 1}
     assert "unchanged" in output and "self-test pass" in output  # the recorded-ID note did not skip it
+
+
+def test_a_cells_build_goes_down_through_the_stages_without_climbing_back(built: BuiltCell) -> None:
+    code, summary = walk.trace(["--matrix", str(built.grid.path), "--no-cache", "--no-smoke", built.cell.name])
+    assert code == 0
+    # The whole build was traced: from the base through the engine to the canonical pass.
+    assert {
+        "assemble/build.py:cell_base",
+        "assemble/backends.py:classic_build",
+        "repro/normalize.py:normalize_image",
+    } <= set(summary["walk"]), summary["walk"]
+    assert summary["climbs"] == [], summary["climbs"]
+    # Rooms (stage folders): only the progress line the command handed down is called back, once
+    # per caller; issue 39 asked for at most 8.
+    assert summary["room climbs back"] <= 8, summary["room climbs"]

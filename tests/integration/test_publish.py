@@ -291,7 +291,7 @@ def test_skip_existing_does_not_build_a_cell_whose_build_id_is_in_the_registry(
         published = functools.partial(existing.is_published, running.api(), grid, built.cell)
         return build.build_cell(
             built.client, grid, build.preflight(built.cell, grid), wheelhouse.Wheelhouse(), lambda _: None,
-            published=published,
+            build.BuildOptions(published=published),
         )  # fmt: skip
 
     skipped = build_against(registry)

@@ -37,7 +37,9 @@ def layers(built: BuiltCell, image: str) -> list[str]:
 def test_a_rebuild_without_cache_normalizes_to_the_same_image_and_layers(built: BuiltCell) -> None:
     house = wheelhouse.Wheelhouse()
     locks = build.preflight(built.cell, built.grid)
-    again = build.build_cell(built.client, built.grid, locks, house, print, no_cache=True, normalize=False)
+    again = build.build_cell(
+        built.client, built.grid, locks, house, print, build.BuildOptions(no_cache=True, normalize=False)
+    )
     assert again.status == "built", again.detail
     raw_layers = layers(built, again.reference)
     base = build.cell_base(built.client, built.grid, locks, print)

@@ -1,8 +1,10 @@
 """The code's shape is checked, not described: the stages import only the stages to their left
-(import-linter's layers contract in pyproject.toml), and no two modules import each other."""
+(import-linter's layers contract in pyproject.toml), no two modules import each other, and the
+structure walk (tests/support/walk.py) sees a climb back where there is one."""
 
 from __future__ import annotations
 
+import importlib
 import re
 import shutil
 import subprocess
@@ -10,6 +12,8 @@ import sys
 from pathlib import Path
 
 import grimp
+
+from tests.support import walk
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,3 +64,30 @@ def test_paths_named_in_the_code_and_docs_point_at_files_that_exist() -> None:
                     if name.split("/")[0] not in tops and not (repo / "builder" / name).exists():
                         missing.append(f"{path.relative_to(repo)}:{number}: {name}")
     assert not missing, "\n".join(missing)
+
+
+def test_the_walk_counts_a_callback_that_climbs_back_into_a_file_on_the_stack(tmp_path: Path) -> None:
+    package = tmp_path / "package"
+    package.mkdir()
+    (package / "top.py").write_text(
+        "from package import low\n"
+        "def build_cell():\n"
+        "    return low.run(lambda: helper())\n"
+        "def helper():\n"
+        "    return low.leaf()\n"
+    )
+    (package / "low.py").write_text("def run(callback):\n    return callback()\ndef leaf():\n    return 1\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        top = importlib.import_module("package.top")
+        recorded = walk.Walk(root=str(package) + "/")
+        assert walk.traced(top.build_cell, recorded) == 1
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in ("package", "package.top", "package.low"):
+            sys.modules.pop(name, None)
+    summary = recorded.summary()
+    # low.run calls the lambda back in top, which is still below it on the stack; from there
+    # top.helper calls low.leaf while low.run is still below: two climbs back.
+    assert summary["climbs"] == ["low.py:run -> top.py:build_cell.<locals>.<lambda>", "top.py:helper -> low.py:leaf"]
+    assert summary["stops"] == 5 and summary["files"] == 2
