@@ -168,6 +168,9 @@ class PublishSpec(Strict):
 
     compression: Literal["gzip", "zstd"] = "gzip"
     zstd_level: Annotated[int, Field(ge=1, le=19)] = ZSTD_LEVEL
+    # A SOCI index beside each gzip image, for nodes that start images lazily (soci-snapshotter);
+    # needs the soci CLI, containerd and root where publish runs (builder/publish/soci.py).
+    soci: bool = False
 
 
 class MatrixSpec(Strict):

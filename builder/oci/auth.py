@@ -26,7 +26,7 @@ import subprocess
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import requests
 
@@ -269,6 +269,21 @@ def fetch_token(
     if not isinstance(token, str) or not TOKEN.fullmatch(token):
         raise UserError(f"the token service of {host} answered something that is not a token ({len(body)} bytes)")
     return token
+
+
+def copy_capped(response: requests.Response, limit: int, what: str, sink: IO[bytes]) -> None:
+    """A response's body into `sink`, refused once it passes `limit` bytes."""
+    declared = response.headers.get("Content-Length", "")
+    if declared.isdigit() and int(declared) > limit:
+        response.close()
+        raise UserError(f"{what} answered {int(declared)} bytes, more than the {limit} such an answer may hold")
+    size = 0
+    for chunk in response.iter_content(1 << 20):
+        size += len(chunk)
+        if size > limit:
+            response.close()
+            raise UserError(f"{what} answered more than the {limit} bytes such an answer may hold")
+        sink.write(chunk)
 
 
 def read_capped(response: requests.Response, limit: int, what: str) -> bytes:

@@ -27,11 +27,12 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import requests
 
 from builder import downloads, jsonread
+from builder.digests import sha256_file
 from builder.errors import UserError
 from builder.oci import auth
 from builder.oci.auth import (  # re-exported: the publish stage's callers and tests name them here
@@ -62,6 +63,7 @@ EMPTY_CONFIG = b"{}"
 # manifest is 4 MiB); past them an answer is refused unread.
 MAX_MANIFEST_BYTES = 4 << 20  # manifests, indexes and referrer lists
 MAX_BLOB_BYTES = 64 << 20  # blobs read into memory: image configs, SBOMs, self-test reports
+MAX_LAYER_BYTES = 16 << 30  # blobs streamed into a file: layers (the largest flagship layer is under 2 GB)
 MAX_REFERRERS = 10_000
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
@@ -252,7 +254,13 @@ class Registry:
             raise self._refused(response.status_code)
 
     def _send(
-        self, method: str, url: str, headers: dict[str, str], data: bytes | Path | None, limit: int
+        self,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        data: bytes | Path | None,
+        limit: int,
+        sink: IO[bytes] | None = None,
     ) -> tuple[requests.Response, bytes]:
         sent = dict(headers)
         if self.authorization and same_origin(url, self.base):
@@ -267,6 +275,11 @@ class Registry:
             response.close()
             return response, b""
         what = f"registry {self.host} ({method} {urllib.parse.urlsplit(url).path[:120]})"
+        if sink is not None and response.status_code == 200:  # a layer: into its file, from the start on every try
+            sink.seek(0)
+            sink.truncate()
+            auth.copy_capped(response, limit, what, sink)
+            return response, b""
         return response, auth.read_capped(response, limit, what)
 
     def _request(
@@ -276,8 +289,10 @@ class Registry:
         headers: dict[str, str] | None = None,
         data: bytes | Path | None = None,
         limit: int = MAX_MANIFEST_BYTES,
+        sink: IO[bytes] | None = None,
     ) -> tuple[int, Mapping[str, str], bytes]:
-        """Status, headers (case-insensitive, as HTTP's are) and body (at most `limit` bytes).
+        """Status, headers (case-insensitive, as HTTP's are) and body (at most `limit` bytes; a
+        successful body goes into `sink` instead, where one is given).
 
         Tried again as every download is (downloads.py's policy: its statuses, tries and backoff),
         by a loop of its own: a layer's body is read again from its file on each try, and an
@@ -286,7 +301,7 @@ class Registry:
         last_error = ""
         for attempt in range(self.retries + 1):
             try:
-                response, body = self._send(method, url, headers or {}, data, limit)
+                response, body = self._send(method, url, headers or {}, data, limit, sink)
                 if response.status_code in (401, 403) and not same_origin(response.url or url, self.base):
                     # A redirect's target asked for credentials: they are the registry's, not its.
                     where = urllib.parse.urlsplit(response.url).netloc[:80]
@@ -296,7 +311,7 @@ class Registry:
                     )
                 if response.status_code in (401, 403) and same_origin(url, self.base):
                     self._answer_challenge(response)
-                    response, body = self._send(method, url, headers or {}, data, limit)
+                    response, body = self._send(method, url, headers or {}, data, limit, sink)
                     if response.status_code in (401, 403):
                         raise self._refused(response.status_code)
                 if response.status_code not in downloads.RETRIED_STATUSES:
@@ -432,11 +447,19 @@ class Registry:
         }
         body = json.dumps(document, sort_keys=True).encode()
         artifact = Manifest.of(body, OCI_MANIFEST)
-        headers = self._put_manifest(repository, artifact.digest, artifact)
+        self.put_referrer(repository, artifact, subject.digest, media_type, annotations)
         self.put_manifest(repository, reference, artifact)
-        if headers.get("OCI-Subject") != subject.digest:
-            self._add_to_referrers_tag(repository, subject.digest, artifact, media_type, annotations)
         return artifact.digest
+
+    def put_referrer(
+        self, repository: str, artifact: Manifest, subject: str, artifact_type: str, annotations: dict[str, str]
+    ) -> None:
+        """A manifest whose `subject` is `subject`, put by its digest: a registry with the
+        referrers API indexes it (and says so with OCI-Subject); for one without, the referrers
+        tag schema's index (`sha256-<hex>`) is updated, as OCI 1.1 clients expect."""
+        headers = self._put_manifest(repository, artifact.digest, artifact)
+        if headers.get("OCI-Subject") != subject:
+            self._add_to_referrers_tag(repository, subject, artifact, artifact_type, annotations)
 
     @staticmethod
     def referrers_tag(digest: str) -> str:
@@ -514,6 +537,23 @@ class Registry:
                 f"registry {self.host}: blob {digest[:19]} hashes to {sha256_digest(body)[:19]}; nothing was moved"
             )
         return body
+
+    def download_blob(self, repository: str, digest: str, target: Path, limit: int = MAX_LAYER_BYTES) -> None:
+        """A blob (a layer of GBs) streamed into `target`, then checked against its digest; a blob
+        that does not hash to it is removed and refused."""
+        if not DIGEST.fullmatch(digest):
+            raise UserError(f"registry {self.host}: {digest[:80]!r} is not a sha256 digest")
+        try:
+            with target.open("wb") as sink:
+                status, _, _ = self._request("GET", f"{repository}/blobs/{digest}", limit=limit, sink=sink)
+            if status != 200:
+                raise UserError(f"registry {self.host} has no blob {digest} in {repository}")
+            found = "sha256:" + sha256_file(target)
+            if found != digest:
+                raise UserError(f"registry {self.host}: blob {digest[:19]} hashes to {found[:19]}; nothing was moved")
+        except UserError:
+            target.unlink(missing_ok=True)
+            raise
 
     def artifact_manifest(self, repository: str, digest: str) -> dict[str, Any]:
         """An artifact's manifest (subject, annotations, its one layer), checked to carry one document."""

@@ -37,14 +37,17 @@ from builder.oci.registry import Manifest, Registry
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
 from builder.progress import Report
-from builder.publish import multiarch, provenance, recompress, reports, sbom
+from builder.publish import multiarch, provenance, recompress, reports, sbom, soci
 from builder.publish.publication import Publication
 
 TABLE_START, TABLE_END = "<!-- published-tags:start -->", "<!-- published-tags:end -->"
 
 
 def gate(engine: docker.DockerClient, grid: Matrix, cells: list[Cell]) -> list[Publication]:
-    """Every image must exist and have passed its self-test for exactly this image ID."""
+    """Every image must exist and have passed its self-test for exactly this image ID; and what
+    publish.soci needs must be here, before anything is sent."""
+    if grid.spec.publish.soci:
+        soci.tools(engine)
     ready, refused, want_gpu = [], [], []
     for cell in cells:
         reference = local_reference(grid, cell)
@@ -387,6 +390,9 @@ def attach_missing(
         report(f"attaching {', '.join(missing)} to {item.target} ({item.digest[:19]})")
         _push_metadata(engine, registry, grid, item, missing)
         item.attached = missing
+    if grid.spec.publish.soci and item.compression == "gzip" and soci.attached(registry, grid, item) is None:
+        soci.attach_index(registry, grid.spec.repository, item.digest, soci.tools(engine), report)
+        item.attached = [*item.attached, "SOCI index"]
 
 
 def finish(

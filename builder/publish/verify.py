@@ -23,7 +23,7 @@ from builder.config import grammar
 from builder.errors import UserError
 from builder.oci.registry import DIGEST, IMAGE_TYPES, INDEX_TYPES, Manifest, Registry, json_object
 from builder.plan.matrix import Matrix
-from builder.publish import provenance, reports
+from builder.publish import provenance, reports, soci
 from builder.publish.publish import ARTIFACT_TYPES
 from builder.terminal import without_password
 
@@ -151,7 +151,10 @@ def _artifacts(registry: Registry, repository: str, subject: Manifest, found: Im
     entries = registry.referrers(repository, subject.digest)
     if len(entries) > MAX_ARTIFACTS:
         raise UserError(f"{subject.digest[:19]} lists {len(entries)} artifacts, more than {MAX_ARTIFACTS}")
-    unread = [entry for entry in entries if entry.get("artifactType") not in READ_TYPES]
+    lazy = [entry for entry in entries if entry.get("artifactType") == soci.INDEX_TYPE]
+    if lazy:  # publish.soci: what nodes pull lazily by; a zTOC is checked by its digest, nothing here is signed
+        found.lines.append(f"SOCI index for lazy pulling: {len(lazy)} (not signed; soci-snapshotter checks its zTOCs)")
+    unread = [entry for entry in entries if entry.get("artifactType") not in READ_TYPES | {soci.INDEX_TYPE}]
     if unread:
         kinds = sorted({_plain(entry.get("artifactType"), grammar.MEDIA_TYPE) or "no type" for entry in unread})
         found.lines.append(f"also attached, not read (not what publish attaches): {len(unread)} ({', '.join(kinds)})")

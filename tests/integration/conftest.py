@@ -113,6 +113,7 @@ class RunningRegistry:
     password: str | None = None
     ca: Path | None = None  # set when it serves HTTPS
     issuer: registry_fixtures.TokenIssuer | None = None  # set when it wants tokens
+    root: Path | None = None  # where it stores (its blobs under data/)
 
     def api(self) -> Registry:
         return Registry(self.host, self.user, self.password, retries=1, backoff_s=0.1, ca_file=self.ca)
@@ -144,6 +145,6 @@ def start_registry(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
                 running.enter_context(issuer.serving())
                 auth = loopback.TokenAuth(issuer.realm, issuer.service, issuer.issuer, issuer.certificate)
             host = running.enter_context(loopback.registry(root, None if token else user, password, https, auth))
-            return RunningRegistry(host, user, password, certificate.ca if certificate else None, issuer)
+            return RunningRegistry(host, user, password, certificate.ca if certificate else None, issuer, root)
 
         yield start

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import os
 import subprocess
 import time
 from collections.abc import Callable
@@ -23,11 +24,11 @@ from builder.config import vex
 from builder.errors import UserError
 from builder.oci.registry import OCI_MANIFEST, Manifest, Registry
 from builder.plan.matrix import Matrix
-from builder.publish import cosign_tag, existing, provenance, publish, reports, staging
+from builder.publish import cosign_tag, existing, provenance, publish, reports, soci, staging
 from builder.wheelhouse import wheelhouse
 from tests import registry_fixtures
 from tests.integration.conftest import BuiltCell, RunningRegistry
-from tests.support import loopback, verifiers
+from tests.support import lazy, loopback, verifiers
 
 pytestmark = pytest.mark.integration
 
@@ -814,3 +815,54 @@ def test_pruning_deletes_stale_reports_and_their_statements_and_never_a_failure(
     assert times == {newest["time"], "2019-01-01T00:00:00Z"}
     # Nothing left to prune: a second run deletes nothing.
     assert cli.main(argv) == 0 and len(reports.attached(api, "torch", subject.digest)) == 2
+
+
+def test_publish_soci_attaches_an_index_by_which_a_node_starts_the_image_lazily(
+    built: BuiltCell,
+    smoke_result: smoke.SmokeResult,
+    start_registry,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    """`publish.soci: true` makes the index with the real soci CLI and pushes it beside the
+    unchanged gzip image; a node of its own (containerd and soci-snapshotter, from empty) then
+    mounts the image's large layers lazily by it and runs torch."""
+    assert smoke_result.status == "pass" and lazy.available()
+    monkeypatch.setenv("PATH", f"{verifiers.tool('soci', 'soci-snapshotter').parent}:{os.environ['PATH']}")
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "no-docker-config"))
+    registry = start_registry(tls=True)  # soci-snapshotter 0.4 fetches indexes over HTTPS only
+    grid = _grid_for(built, registry)
+    spec = grid.spec.model_copy(update={"publish": grid.spec.publish.model_copy(update={"soci": True})})
+    lazy_grid = Matrix(grid.path, spec, grid.cells, grid.rejected)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n{publish.TABLE_START}\n{publish.TABLE_END}\n")
+
+    def publish_once() -> publish.Publication:
+        [item] = publish.publish(
+            built.client, lazy_grid, [built.cell], lambda _: None, tmp_path / "records", readme, ca_file=registry.ca
+        )
+        return item
+
+    item = publish_once()
+    api = registry.api()
+    index_digest = api.attached("torch", item.digest)[soci.INDEX_TYPE]
+    image = api.manifest("torch", item.digest)
+    index = api.manifest("torch", index_digest)
+    assert image is not None and index is not None
+    ztocs = soci.check_index(json.loads(index.body), image)  # the index as pushed indexes this image
+    assert ztocs and all(api.has_blob("torch", ztoc) for ztoc in ztocs)
+    assert "SOCI index" in item.attached
+    again = publish_once()  # already attached: not made again
+    assert again.digest == item.digest and "SOCI index" not in again.attached
+    assert [e["digest"] for e in api.referrers("torch", item.digest, soci.INDEX_TYPE)] == [index_digest]
+
+    # A node: the registry's storage served over plain HTTP too, where soci-snapshotter 0.4
+    # fetches a loopback registry's layers (tests/support/lazy.py).
+    assert registry.root is not None and registry.ca is not None
+    plain_root = tmp_path / "registry-plain"
+    plain_root.mkdir()
+    (plain_root / "data").symlink_to(registry.root / "data")
+    with loopback.registry(plain_root) as plain:
+        start = lazy.first_start(tmp_path / "node", registry.ca, f"{registry.host}/torch:{built.cell.tag}", plain)
+    assert start.lazy_layers >= 1, start
+    assert "tensor([2., 2.])" in start.output

@@ -154,6 +154,34 @@ def test_a_blob_fetched_by_digest_must_hash_to_it(hostile: tuple[str, type[Scrip
     assert f"blob {asked[:19]} hashes to" in one_line(refused)
 
 
+def test_a_layer_streamed_into_a_file_must_hash_to_its_digest(
+    hostile: tuple[str, type[Scripted]], tmp_path: Path
+) -> None:
+    host, handler = hostile
+    honest, lying = b"a layer's bytes" * 1000, _digest(b"another layer")
+    handler.routes = {
+        f"/v2/torch/blobs/{_digest(honest)}": (200, {}, honest),
+        f"/v2/torch/blobs/{lying}": (200, {}, honest),
+    }
+    api = Registry(host, retries=0)
+    api.download_blob("torch", _digest(honest), tmp_path / "kept")
+    assert (tmp_path / "kept").read_bytes() == honest
+    with pytest.raises(UserError) as refused:
+        api.download_blob("torch", lying, tmp_path / "refused")
+    assert f"blob {lying[:19]} hashes to" in one_line(refused)
+    assert not (tmp_path / "refused").exists()  # nothing of it is left to be used
+
+
+def test_a_layer_over_its_cap_is_refused_while_streaming(hostile: tuple[str, type[Scripted]], tmp_path: Path) -> None:
+    host, handler = hostile
+    body = bytes(4096)
+    handler.routes = {f"/v2/torch/blobs/{_digest(body)}": (200, {}, body)}
+    with pytest.raises(UserError) as refused:
+        Registry(host, retries=0).download_blob("torch", _digest(body), tmp_path / "layer", limit=1024)
+    assert "more than the 1024" in one_line(refused)
+    assert not (tmp_path / "layer").exists()
+
+
 def test_a_put_whose_answered_digest_is_not_the_bytes_digest_is_refused(hostile: tuple[str, type[Scripted]]) -> None:
     host, handler = hostile
     handler.routes = {"/v2/torch/manifests/t": (201, {"Docker-Content-Digest": "sha256:" + "9" * 64}, b"")}

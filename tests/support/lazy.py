@@ -10,8 +10,9 @@ front of the loopback registry (benchmarks/updates.py's CountingRelay):
 - lazy: `soci image rpull` (the snapshotter finds the SOCI index among the image's referrers and
   mounts each large layer over FUSE), then `ctr run --snapshotter soci`, which fetches the spans
   the import reads.
-The index is made with `soci create` and pushed with `soci push` (a referrer of the unchanged
-gzip manifest: the image, its digest and its signatures stay as they were).
+The index is the one `publish` attaches with `publish.soci: true` (builder/publish/soci.py: a
+referrer of the unchanged gzip manifest, so the image, its digest and its signatures stay as
+they were). Used by the bench's lazy row and by the publish test that pulls lazily by the index.
 """
 
 from __future__ import annotations
@@ -134,18 +135,6 @@ def _wipe(root: Path) -> None:
         for mount in sorted((m for m in mounts if m.startswith(str(where))), reverse=True):
             subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
         shutil.rmtree(where, ignore_errors=True)
-
-
-def publish_index(root: Path, ca: Path, reference: str) -> str:
-    """Make the image's SOCI index and push it beside the image (a referrer of its manifest);
-    returns `soci index list`'s line for it."""
-    with node(root, ca) as prepared:
-        prepared.ctr("images", "pull", "--hosts-dir", str(_hosts(root, ca, reference)), reference)
-        prepared.soci("create", reference)
-        listing = prepared.soci("index", "list")
-        prepared.soci("push", "--hosts-dir", str(_hosts(root, ca, reference)), reference)
-    fields = listing.strip().splitlines()[-1].split() if listing.strip() else []
-    return f"{fields[0][:19]}, {fields[1]} bytes" if len(fields) > 1 else "none listed"
 
 
 def _hosts(root: Path, ca: Path, reference: str) -> Path:

@@ -1,0 +1,241 @@
+"""A SOCI index beside an image's gzip form (`publish.soci: true`): what lets a node running
+soci-snapshotter start the image before it has pulled it (docs/using-images.md).
+
+The index is made by AWS's `soci` CLI (Debian's soci-snapshotter package) from the gzip form as
+the registry holds it, so its zTOCs index exactly the bytes a node fetches:
+1. the builder fetches that form through its own client (every blob checked by its digest) and
+   imports it, unpacked, into a containerd namespace of its own (`ctr images import --no-unpack`);
+2. `soci create` writes the index and a zTOC for each layer of 10 MiB or more into soci's
+   content store;
+3. the builder reads them back (each checked by its digest and the index by its shape: its
+   subject is this image, its zTOCs index this image's layers) and pushes them with its own
+   client, the index a referrer of the image's manifest. The image itself is not touched.
+`ctr`, `soci` and soci's store need root: directly, or through passwordless sudo as hosted
+runners have it. The index is not signed: the snapshotter checks each zTOC by the digest the
+index names, and the index is found through the image's digest."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker
+
+from builder import jsonread
+from builder.engine import privilege
+from builder.errors import UserError
+from builder.oci.registry import DIGEST, IMAGE_TYPES, OCI_MANIFEST, Manifest, Registry, sha256_digest
+from builder.plan.matrix import Matrix
+from builder.progress import Report
+from builder.publish.publication import Publication
+
+INDEX_TYPE = "application/vnd.amazon.soci.index.v1+json"  # the index's config type: its artifactType
+ZTOC_TYPE = "application/octet-stream"
+LAYER_ANNOTATION = "com.amazon.soci.image-layer-digest"
+NAMESPACE = "torch-images-soci"  # containerd's namespace for the images indexed, apart from Docker's
+SOCI_STORE = Path("/var/lib/soci-snapshotter-grpc/content/blobs/sha256")  # the soci CLI cannot move it
+# Where containerd listens when the engine does not say: a system containerd (Ubuntu's, the
+# runners'), then the one Docker 20.10 starts for itself.
+CONTAINERD_SOCKETS = (Path("/run/containerd/containerd.sock"), Path("/var/run/docker/containerd/containerd.sock"))
+EMPTY_CONFIG = sha256_digest(b"{}")  # every SOCI index's config
+MAX_ZTOC_BYTES = 256 << 20
+COMMAND_SECONDS = 3600
+
+
+@dataclass(frozen=True)
+class Tools:
+    """What making an index needs on this machine, found before anything is sent."""
+
+    soci: str
+    ctr: str
+    containerd: str  # containerd's socket
+    root: tuple[str, ...]  # () as root, or sudo's prefix
+
+    def run(self, *command: str) -> subprocess.Popen[bytes]:
+        """`command` as root, its input a pipe to write, its errors a pipe to read."""
+        return subprocess.Popen(
+            [*self.root, *command], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+
+    def output(self, what: str, *command: str) -> bytes:
+        """`command`'s output, run as root; a failure is one line naming `what` ran."""
+        try:
+            done = subprocess.run([*self.root, *command], capture_output=True, timeout=COMMAND_SECONDS, check=False)
+        except subprocess.TimeoutExpired:
+            raise UserError(f"publish.soci: `{what}` ran past an hour") from None
+        if done.returncode != 0:
+            said = done.stderr.decode("utf-8", "replace").strip().splitlines() or ["no output"]
+            raise UserError(f"publish.soci: `{what}` failed: {said[-1][:300]}")
+        return done.stdout
+
+    def soci_command(self, *args: str) -> bytes:
+        return self.output(f"soci {' '.join(args[:2])}", self.soci, *self.address_and_namespace, *args)
+
+    def ctr_command(self, *args: str) -> bytes:
+        return self.output(f"ctr {' '.join(args[:2])}", self.ctr, *self.address_and_namespace, *args)
+
+    @property
+    def address_and_namespace(self) -> tuple[str, ...]:
+        return ("--address", self.containerd, "--namespace", NAMESPACE)
+
+
+def tools(engine: docker.DockerClient) -> Tools:
+    """The soci CLI, ctr, containerd's socket and root, or one line saying what is missing."""
+    soci, ctr = shutil.which("soci"), shutil.which("ctr")
+    if soci is None:
+        raise UserError(
+            "matrix.yaml publish.soci: true needs the `soci` CLI on PATH (Debian's and Ubuntu's soci-snapshotter "
+            "package, or AWS's release); install it, or set publish.soci: false"
+        )
+    if ctr is None:
+        raise UserError("matrix.yaml publish.soci: true needs containerd's `ctr` on PATH; install containerd")
+    root = privilege.root_prefix()
+    if root is None:
+        raise UserError(
+            "matrix.yaml publish.soci: true runs `soci create` as root (its store is /var/lib/soci-snapshotter-grpc): "
+            "run publish as root or where sudo needs no password, or set publish.soci: false"
+        )
+    return Tools(soci, ctr, containerd_socket(engine), root)
+
+
+def containerd_socket(engine: docker.DockerClient) -> str:
+    """The containerd the engine names (Docker 29 does), else the first socket that exists."""
+    named = (engine.info().get("Containerd") or {}).get("Address")
+    if isinstance(named, str) and named.startswith("/"):
+        return named
+    for socket in CONTAINERD_SOCKETS:
+        if socket.is_socket():
+            return str(socket)
+    raise UserError(
+        "matrix.yaml publish.soci: true needs a running containerd; none answers at "
+        + " or ".join(str(s) for s in CONTAINERD_SOCKETS)
+    )
+
+
+def attached(registry: Registry, grid: Matrix, item: Publication) -> str | None:
+    """The digest of the SOCI index already attached to the image's digest, if any."""
+    return registry.attached(grid.spec.repository, item.digest).get(INDEX_TYPE)
+
+
+def attach_index(registry: Registry, repository: str, digest: str, found: Tools, report: Report) -> str:
+    """Make the SOCI index of the image `repository@digest` and push it, a referrer of the
+    image's manifest; returns the index's digest."""
+    image = registry.manifest(repository, digest)
+    layers = json.loads(image.body).get("layers", []) if image is not None else []
+    if (
+        image is None
+        or image.media_type not in IMAGE_TYPES
+        or not all("gzip" in str(layer.get("mediaType")) for layer in layers)
+    ):
+        raise UserError(f"{repository}@{digest[:19]}: not in the registry as a gzip image manifest; no index made")
+    report(f"making the SOCI index of {repository}@{digest[:19]}: fetching its gzip form")
+    name = f"torch-images.invalid/{repository}@{digest}"  # a name in containerd only, never pulled
+    with tempfile.TemporaryDirectory(prefix="torch-images-soci-") as folder:
+        layout = _fetch_layout(registry, repository, image, Path(folder), name)
+        with _imported(found, layout, name):
+            report(f"{repository}@{digest[:19]}: soci create")
+            found.soci_command("create", name)
+            index_digest = _made_index(found, name)
+            try:
+                index = Manifest(_read_store(found, index_digest, MAX_ZTOC_BYTES), OCI_MANIFEST, index_digest)
+                ztocs = check_index(jsonread.loads(index.body, f"soci's index {index_digest[:19]}"), image)
+                for ztoc in ztocs:
+                    registry.upload_blob(repository, _read_store(found, ztoc, MAX_ZTOC_BYTES))
+            finally:
+                found.soci_command("index", "rm", index_digest)
+    registry.upload_blob(repository, b"{}")  # the config, EMPTY_CONFIG
+    registry.put_referrer(repository, index, digest, INDEX_TYPE, {})
+    report(f"{repository}@{digest[:19]}: SOCI index {index.digest[:19]} attached ({len(ztocs)} layers indexed)")
+    return index.digest
+
+
+def _fetch_layout(registry: Registry, repository: str, image: Manifest, folder: Path, name: str) -> Path:
+    """The image as an OCI layout in `folder`: its manifest, config and layers, each checked."""
+    layout = folder / "layout"
+    blobs = layout / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+    document = json.loads(image.body)
+    for descriptor in [document["config"], *document["layers"]]:
+        digest = str(descriptor["digest"])
+        registry.download_blob(repository, digest, blobs / digest.removeprefix("sha256:"))
+    (blobs / image.digest.removeprefix("sha256:")).write_bytes(image.body)
+    (layout / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
+    entry = {
+        "mediaType": image.media_type,
+        "digest": image.digest,
+        "size": len(image.body),
+        "annotations": {"io.containerd.image.name": name},
+    }
+    (layout / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [entry]}))
+    return layout
+
+
+@contextlib.contextmanager
+def _imported(found: Tools, layout: Path, name: str) -> Iterator[None]:
+    """The layout in containerd's namespace, not unpacked, for as long as the index is made."""
+    importing = found.run(found.ctr, *found.address_and_namespace, "images", "import", "--no-unpack", "-")
+    assert importing.stdin is not None and importing.stderr is not None
+    try:
+        with importing.stdin as pipe, tarfile.open(fileobj=pipe, mode="w|") as archive:
+            archive.add(str(layout), arcname=".")
+    except BrokenPipeError:
+        pass  # ctr stopped reading: its own error follows
+    errors = importing.stderr.read()
+    if importing.wait(timeout=COMMAND_SECONDS) != 0:
+        line = errors.decode("utf-8", "replace").strip().splitlines() or ["no output"]
+        raise UserError(f"publish.soci: containerd did not import the image: {line[-1][:300]}")
+    try:
+        yield
+    finally:
+        found.ctr_command("images", "rm", name)  # its content goes with containerd's next collection
+
+
+def _made_index(found: Tools, name: str) -> str:
+    listed = [line.strip() for line in found.soci_command("index", "list", "--quiet", "--ref", name).decode().split()]
+    digests = [line for line in listed if DIGEST.fullmatch(line)]
+    if len(digests) != 1:
+        raise UserError(f"publish.soci: `soci index list` names {len(digests)} indexes for the image, not one")
+    return digests[0]
+
+
+def _read_store(found: Tools, digest: str, limit: int) -> bytes:
+    """A blob of soci's store (root's), checked against its digest."""
+    if not DIGEST.fullmatch(digest):
+        raise UserError(f"publish.soci: {digest[:80]!r} is not a sha256 digest")
+    body = found.output("cat soci's store", "cat", str(SOCI_STORE / digest.removeprefix("sha256:")))
+    if len(body) > limit or sha256_digest(body) != digest:
+        raise UserError(f"publish.soci: soci's store holds other bytes than {digest[:19]} names; nothing pushed")
+    return body
+
+
+def check_index(index: Any, image: Manifest) -> list[str]:
+    """The zTOC digests of a SOCI index, once it is shown to be an index of `image`: its config
+    is SOCI's, its subject is the image, and each zTOC indexes one of the image's layers."""
+    layers = {str(layer.get("digest")) for layer in json.loads(image.body).get("layers", [])}
+    where = f"the SOCI index of {image.digest[:19]}"
+    if not isinstance(index, dict) or index.get("mediaType") != OCI_MANIFEST:
+        raise UserError(f"{where}: not an OCI image manifest; nothing pushed")
+    config, subject, entries = index.get("config"), index.get("subject"), index.get("layers")
+    if not isinstance(config, dict) or config.get("mediaType") != INDEX_TYPE or config.get("digest") != EMPTY_CONFIG:
+        raise UserError(f"{where}: its config is not SOCI's empty {INDEX_TYPE}; nothing pushed")
+    if not isinstance(subject, dict) or subject.get("digest") != image.digest:
+        raise UserError(f"{where}: its subject is not the image; nothing pushed")
+    if not isinstance(entries, list) or not entries:
+        raise UserError(f"{where}: it indexes no layer (none of 10 MiB or more?); nothing pushed")
+    ztocs = []
+    for entry in entries:
+        annotations = entry.get("annotations") if isinstance(entry, dict) else None
+        if not isinstance(annotations, dict) or annotations.get(LAYER_ANNOTATION) not in layers:
+            raise UserError(f"{where}: a zTOC names a layer the image does not have; nothing pushed")
+        if entry.get("mediaType") != ZTOC_TYPE or not DIGEST.fullmatch(str(entry.get("digest"))):
+            raise UserError(f"{where}: a zTOC entry is not a sha256 blob of {ZTOC_TYPE}; nothing pushed")
+        ztocs.append(str(entry["digest"]))
+    return ztocs
