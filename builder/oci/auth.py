@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import io
 import ipaddress
 import json
 import os
@@ -278,7 +279,7 @@ def copy_capped(response: requests.Response, limit: int, what: str, sink: IO[byt
         response.close()
         raise UserError(f"{what} answered {int(declared)} bytes, more than the {limit} such an answer may hold")
     size = 0
-    for chunk in response.iter_content(1 << 20):
+    for chunk in response.iter_content(1 << 16):
         size += len(chunk)
         if size > limit:
             response.close()
@@ -288,15 +289,6 @@ def copy_capped(response: requests.Response, limit: int, what: str, sink: IO[byt
 
 def read_capped(response: requests.Response, limit: int, what: str) -> bytes:
     """A response's body, refused once it passes `limit` bytes (read in pieces, never whole)."""
-    declared = response.headers.get("Content-Length", "")
-    if declared.isdigit() and int(declared) > limit:
-        response.close()
-        raise UserError(f"{what} answered {int(declared)} bytes, more than the {limit} such an answer may hold")
-    chunks, size = [], 0
-    for chunk in response.iter_content(1 << 16):
-        size += len(chunk)
-        if size > limit:
-            response.close()
-            raise UserError(f"{what} answered more than the {limit} bytes such an answer may hold")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    body = io.BytesIO()
+    copy_capped(response, limit, what, body)
+    return body.getvalue()
