@@ -571,12 +571,9 @@ LAZY_RATIO = 0.4
 
 def bench_lazy(grid: matrix.Matrix, cell: Cell | None = None) -> list[Row]:
     """The flagship's first start on an empty node: gzip, zstd and lazy (SOCI) forms, each from
-    the pull's start to `import torch` finishing in a container (benchmarks/lazy.py says how)."""
+    the pull's start to `import torch` finishing in a container (tests/support/lazy.py says how)."""
     from tests import registry_fixtures
-    from tests.support import lazy, verifiers
-
-    # `publish` finds soci on PATH; the bench brings Debian's package (tests/support/verifiers.py pins it).
-    os.environ["PATH"] = f"{verifiers.tool('soci', 'soci-snapshotter').parent}{os.pathsep}{os.environ['PATH']}"
+    from tests.support import lazy
 
     if not lazy.available():
         return [Row("first start, lazy (SOCI)", "-", "no containerd or ctr here", None, "-", None)]

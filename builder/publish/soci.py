@@ -1,7 +1,8 @@
 """A SOCI index beside an image's gzip form (`publish.soci: true`): what lets a node running
 soci-snapshotter start the image before it has pulled it (docs/using-images.md).
 
-The index is made by AWS's `soci` CLI (Debian's soci-snapshotter package) from the gzip form as
+The index is made by AWS's `soci` CLI (from PATH, else Debian's soci-snapshotter package, pinned
+in data/tools.yaml and fetched into the cache by its sha256) from the gzip form as
 the registry holds it, so its zTOCs index exactly the bytes a node fetches:
 1. the builder fetches that form through its own client (every blob checked by its digest) and
    imports it, unpacked, into a containerd namespace of its own (`ctr images import --no-unpack`);
@@ -36,6 +37,7 @@ from builder.oci.registry import DIGEST, IMAGE_TYPES, OCI_MANIFEST, Manifest, Re
 from builder.plan.matrix import Matrix
 from builder.progress import Report
 from builder.publish.publication import Publication
+from builder.wheelhouse import tools as pinned_tools
 
 INDEX_TYPE = "application/vnd.amazon.soci.index.v1+json"  # the index's config type: its artifactType
 ZTOC_TYPE = "application/octet-stream"
@@ -88,13 +90,8 @@ class Tools:
 
 
 def tools(engine: docker.DockerClient) -> Tools:
-    """The soci CLI, ctr, containerd's socket and root, or one line saying what is missing."""
-    soci, ctr = shutil.which("soci"), shutil.which("ctr")
-    if soci is None:
-        raise UserError(
-            "matrix.yaml publish.soci: true needs the `soci` CLI on PATH (Debian's and Ubuntu's soci-snapshotter "
-            "package, or AWS's release); install it, or set publish.soci: false"
-        )
+    """ctr, root, containerd's socket and the soci CLI, or one line saying what is missing."""
+    ctr = shutil.which("ctr")
     if ctr is None:
         raise UserError("matrix.yaml publish.soci: true needs containerd's `ctr` on PATH; install containerd")
     root = privilege.root_prefix()
@@ -103,6 +100,7 @@ def tools(engine: docker.DockerClient) -> Tools:
             "matrix.yaml publish.soci: true runs `soci create` as root (its store is /var/lib/soci-snapshotter-grpc): "
             "run publish as root or where sudo needs no password, or set publish.soci: false"
         )
+    soci = pinned_tools.binary("soci", "soci-snapshotter")  # from PATH, else Debian's package (data/tools.yaml)
     return Tools(soci, ctr, containerd_socket(engine), root)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
-import os
+import shutil
 import subprocess
 import time
 from collections.abc import Callable
@@ -410,23 +410,25 @@ def test_reports_sit_side_by_side_a_cpu_report_cannot_pass_a_gpu_gate_and_verify
     assert "verified (unsigned: what is attached was checked, not who attached it" in captured.err
     assert out.count("cpu report on cpu: pass") == 2 and "PROBLEM" not in out
 
-    # Another tool's referrer, as `soci push` attaches a SOCI index for lazy pulling (several
-    # zTOC layers, its own artifact type), is named and not read: verify still passes.
-    soci_type = "application/vnd.amazon.soci.index.v1+json"
+    # A SOCI index (as `publish.soci` or `soci push` attaches it for lazy pulling: several zTOC
+    # layers, its own type) is named as such, and another tool's referrer is named and not read:
+    # verify still passes.
     ztocs = [api.upload_blob("torch", f"ztoc {n}".encode()) for n in range(2)]
-    soci_index = {
-        "schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": soci_type,
-        "config": {"mediaType": "application/vnd.oci.empty.v1+json", "digest": api.upload_blob("torch", b"{}"),
-                   "size": 2},
-        "layers": [{"mediaType": "application/octet-stream", "digest": digest, "size": 6} for digest in ztocs],
-        "subject": {"mediaType": subject.media_type, "digest": subject.digest, "size": len(subject.body)},
-    }  # fmt: skip
-    soci_manifest = Manifest.of(json.dumps(soci_index).encode(), OCI_MANIFEST)
-    api.put_manifest("torch", soci_manifest.digest, soci_manifest)
-    api._add_to_referrers_tag("torch", subject.digest, soci_manifest, soci_type, {})
+    for artifact_type, layers in ((soci.INDEX_TYPE, ztocs), ("application/vnd.example.notes+json", ztocs[:1])):
+        document = {
+            "schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": artifact_type,
+            "config": {"mediaType": "application/vnd.oci.empty.v1+json", "digest": api.upload_blob("torch", b"{}"),
+                       "size": 2},
+            "layers": [{"mediaType": "application/octet-stream", "digest": digest, "size": 6} for digest in layers],
+            "subject": {"mediaType": subject.media_type, "digest": subject.digest, "size": len(subject.body)},
+        }  # fmt: skip
+        api.put_referrer(
+            "torch", Manifest.of(json.dumps(document).encode(), OCI_MANIFEST), subject.digest, artifact_type, {}
+        )
     assert cli.main(["--matrix", str(grid.path), "verify", reference]) == 0
     out = capsys.readouterr().out
-    assert f"also attached, not read (not what publish attaches): 1 ({soci_type})" in out and "PROBLEM" not in out
+    assert "SOCI index for lazy pulling: 1 (not signed" in out and "PROBLEM" not in out
+    assert "also attached, not read (not what publish attaches): 1 (application/vnd.example.notes+json)" in out
 
     # A report of another image attached to this digest, and an artifact of another digest
     # listed among its referrers, are both named and fail verify.
@@ -824,11 +826,13 @@ def test_publish_soci_attaches_an_index_by_which_a_node_starts_the_image_lazily(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
 ) -> None:
-    """`publish.soci: true` makes the index with the real soci CLI and pushes it beside the
+    """`publish.soci: true` makes the index with the real soci CLI (Debian's package, which
+    publish fetches itself) and pushes it beside the
     unchanged gzip image; a node of its own (containerd and soci-snapshotter, from empty) then
     mounts the image's large layers lazily by it and runs torch."""
     assert smoke_result.status == "pass" and lazy.available()
-    monkeypatch.setenv("PATH", f"{verifiers.tool('soci', 'soci-snapshotter').parent}:{os.environ['PATH']}")
+    # No soci on PATH here: publish fetches Debian's package data/tools.yaml pins, by its sha256.
+    assert shutil.which("soci") is None
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "no-docker-config"))
     registry = start_registry(tls=True)  # soci-snapshotter 0.4 fetches indexes over HTTPS only
     grid = _grid_for(built, registry)

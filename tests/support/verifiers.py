@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from builder import paths
+from builder.wheelhouse import tools
 
 MIRROR = "http://deb.debian.org/debian"
 # Debian sid, as of 2026-12-05: (pool path, sha256).
@@ -23,9 +24,6 @@ DEBS = {
                "d8622ebffce1d69197288fc030ff06a4c247af5507107f85c5a878870b686b23"),
     "oras": ("pool/main/o/oras/oras_1.3.3-1_amd64.deb",
              "474f8451e880a64d7daed412baa52febd1c7d988ed778eadac00bdcbdad53af4"),
-    # soci and soci-snapshotter-grpc, AWS's lazy-pulling snapshotter for containerd (the bench).
-    "soci-snapshotter": ("pool/main/g/golang-github-awslabs-soci-snapshotter/soci-snapshotter_0.4.1-6_amd64.deb",
-                         "987a1c8486a77d425e1e18e1c1fce9a6f84bd0a5c57eef49b0c38b70494cc725"),
 }  # fmt: skip
 
 
@@ -35,8 +33,11 @@ def _root() -> Path:
 
 def tool(name: str, package: str | None = None) -> Path:
     """The unpacked binary `name` of a pinned package (by default the one named alike), fetched
-    and checked the first time."""
+    and checked the first time. A package the builder itself pins (data/tools.yaml: soci's) is
+    taken from there, the same file the builder runs."""
     package = package or name
+    if package in tools.load():
+        return Path(tools.pinned(name, package))
     pool_path, sha256 = DEBS[package]
     deb = _root() / Path(pool_path).name
     if not deb.is_file() or hashlib.sha256(deb.read_bytes()).hexdigest() != sha256:

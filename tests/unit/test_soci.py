@@ -1,18 +1,25 @@
 """publish.soci: the SOCI index `soci create` made is pushed only once it is shown to index this
-image, and a machine without what it needs is told so before anything is sent. The integration
+image, a machine without what it needs is told so before anything is sent, and the soci CLI
+comes from PATH or from the Debian package data/tools.yaml pins. The integration
 test (tests/integration/test_publish.py) makes a real index and lazily pulls by it."""
 
 from __future__ import annotations
 
 import copy
 import json
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from builder.config import platform
 from builder.errors import UserError
 from builder.oci.registry import OCI_MANIFEST, Manifest
 from builder.publish import soci
+from builder.wheelhouse import tools
+from builder.wheelhouse.fileref import FileRef
 
 LAYERS = ["sha256:" + "a" * 64, "sha256:" + "b" * 64]
 IMAGE = Manifest.of(
@@ -93,11 +100,52 @@ def test_an_index_that_is_not_one_of_this_image_is_one_line_and_nothing_is_pushe
     assert needle in refused.value.line() and "\n" not in refused.value.line()
 
 
-def test_without_the_soci_cli_publish_is_told_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(soci.shutil, "which", lambda name: None if name == "soci" else f"/usr/bin/{name}")
+def test_without_soci_on_path_the_pinned_package_for_this_machine_is_fetched_and_unpacked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    package = tmp_path / "package"
+    (package / "DEBIAN").mkdir(parents=True)
+    (package / "DEBIAN" / "control").write_text(
+        "Package: soci-snapshotter\nVersion: 0.4.1-6\nArchitecture: all\nMaintainer: x <x@x>\nDescription: x\n"
+    )
+    (package / "usr" / "bin").mkdir(parents=True)
+    (package / "usr" / "bin" / "soci").write_text("#!/bin/sh\necho soci\n")
+    deb = tmp_path / "soci.deb"
+    subprocess.run(["dpkg-deb", "--build", str(package), str(deb)], check=True, capture_output=True)
+    asked: list[FileRef] = []
+
+    class Cache:  # the wheelhouse: its sha256 check is tested with the wheelhouse
+        def fetch(self, ref: FileRef) -> Path:
+            asked.append(ref)
+            return deb
+
+    real_which = shutil.which
+    monkeypatch.setattr(tools.shutil, "which", lambda name: None if name == "soci" else real_which(name))
+    monkeypatch.setenv("TORCH_IMAGES_CACHE", str(tmp_path / "cache"))
+    found = Path(tools.binary("soci", "soci-snapshotter", Cache()))  # type: ignore[arg-type]
+    assert found.is_file() and found.read_text() == "#!/bin/sh\necho soci\n"
+    pinned = tools.load()["soci-snapshotter"].deb_for(platform.host().debian)
+    assert asked == [pinned] and pinned.url.startswith("http://deb.debian.org/debian/pool/")
     with pytest.raises(UserError) as refused:
-        soci.tools(engine=None)  # type: ignore[arg-type]  # refused before the engine is asked
-    assert "publish.soci: true needs the `soci` CLI" in refused.value.line()
+        tools.pinned("soci-not-there", "soci-snapshotter", Cache())  # type: ignore[arg-type]
+    assert "lists no binary 'soci-not-there'" in refused.value.line()
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (("pool/main/g/golang-github-awslabs-soci-snapshotter/", "pool/../../etc/"), "tools.yaml"),
+        (("sha256: 987a1c", "sha256: 987A1C"), "64 lower-case hex digits"),
+        (("      arm64:", "      s390x:"), "amd64"),
+    ],
+)
+def test_a_tools_file_that_is_off_is_one_line_naming_it(edit: tuple[str, str], needle: str, tmp_path: Path) -> None:
+    text = tools.TOOLS_FILE.read_text()
+    assert edit[0] in text
+    (tmp_path / "tools.yaml").write_text(text.replace(edit[0], edit[1], 1))
+    with pytest.raises(UserError) as refused:
+        tools.load.__wrapped__(tmp_path / "tools.yaml")
+    assert needle in refused.value.line() and "tools.yaml" in refused.value.line()
 
 
 def test_without_root_publish_is_told_how_to_run_it(monkeypatch: pytest.MonkeyPatch) -> None:

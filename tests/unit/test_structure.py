@@ -49,7 +49,14 @@ def test_paths_named_in_the_code_and_docs_point_at_files_that_exist() -> None:
     rooted = re.compile(rf"(?<![\w/.-])((?:{'|'.join(tops)})/[^\s`'\"(),;:\]]*)")
     in_builder = re.compile(r"(?<![\w/.-])([a-z_]+/[a-z_]+\.py)\b")
     missing = []
-    sources = [*repo.glob("builder/**/*.py"), *repo.glob("docs/*.md"), repo / "README.md", repo / "noxfile.py"]
+    sources = [
+        *repo.glob("builder/**/*.py"),
+        *repo.glob("benchmarks/*.py"),
+        *repo.glob("tests/**/*.py"),
+        *repo.glob("docs/*.md"),
+        repo / "README.md",
+        repo / "noxfile.py",
+    ]
     for path in sources:
         for number, line in enumerate(path.read_text().splitlines(), 1):
             for found in rooted.finditer(line):

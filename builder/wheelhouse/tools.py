@@ -1,0 +1,110 @@
+"""Tools the builder runs where the machine lacks them (data/tools.yaml): Debian packages,
+pinned by archive path and sha256, fetched into the cache by that sha256 and unpacked there
+(`dpkg-deb -x`), never installed. A tool on PATH is used first.
+
+Why Debian's packages: they are built from source by Debian, listed with their sha256 in a
+signed index, and reachable from every hosted runner; the `soci` CLI that `publish.soci` needs
+has no Ubuntu 24.04 package at all."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Annotated
+
+from builder import paths
+from builder.config import grammar, validated, yamlsource
+from builder.config import platform as platforms
+from builder.errors import UserError
+from builder.wheelhouse import wheelhouse
+from builder.wheelhouse.fileref import FileRef
+
+TOOLS_FILE = paths.DATA / "tools.yaml"
+
+
+class DebSpec(validated.Strict):
+    path: Annotated[str, validated.field(grammar.DEBIAN_POOL_PATH)]
+    sha256: Annotated[str, validated.field(grammar.SHA256)]
+
+
+class ToolSpec(validated.Strict):
+    version: Annotated[str, validated.field(grammar.DEBIAN_VERSION)]
+    binaries: list[Annotated[str, validated.field(grammar.DEBIAN_PACKAGE)]]
+    debs: dict[Annotated[str, validated.field(grammar.DEBIAN_ARCHITECTURE)], DebSpec]
+
+
+class ToolsFile(validated.Strict):
+    mirror: Annotated[str, validated.field(grammar.URL)]
+    tools: dict[Annotated[str, validated.field(grammar.DEBIAN_PACKAGE)], ToolSpec]
+
+
+@dataclass(frozen=True)
+class Package:
+    name: str
+    version: str
+    binaries: tuple[str, ...]
+    debs: dict[str, FileRef]  # by dpkg's architecture
+
+    def deb_for(self, architecture: str) -> FileRef:
+        if architecture not in self.debs:
+            raise UserError(f"data/tools.yaml pins no {architecture} .deb of {self.name}; add one there")
+        return self.debs[architecture]
+
+
+@cache
+def load(path: Path = TOOLS_FILE) -> dict[str, Package]:
+    data, source = yamlsource.load(path, "data/tools.yaml ships with the builder")
+    spec = validated.validate(ToolsFile, data, source, "tools")
+    mirror = spec.mirror.rstrip("/")
+    return {
+        name: Package(
+            name,
+            tool.version,
+            tuple(tool.binaries),
+            {
+                arch: FileRef(name, deb.path.rsplit("/", 1)[-1], f"{mirror}/{deb.path}", deb.sha256)
+                for arch, deb in tool.debs.items()
+            },
+        )
+        for name, tool in spec.tools.items()
+    }
+
+
+def unpacked(package: Package, ref: FileRef, deb: Path) -> Path:
+    """The package's files, unpacked once from its checked .deb into the cache; their root."""
+    root = paths.cache_dir("tools") / f"{package.name}-{package.version}-{ref.sha256[:12]}"
+    if not (root / ".unpacked").is_file():
+        if shutil.which("dpkg-deb") is None:
+            raise UserError(f"unpacking {deb.name} needs dpkg-deb (Debian's and Ubuntu's dpkg package)")
+        shutil.rmtree(root, ignore_errors=True)
+        done = subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], capture_output=True, check=False)
+        if done.returncode != 0:
+            raise UserError(f"dpkg-deb could not unpack {deb.name}: {done.stderr.decode(errors='replace')[-200:]}")
+        (root / ".unpacked").write_text(package.version + "\n")
+    return root
+
+
+def binary(name: str, package_name: str, house: wheelhouse.Wheelhouse | None = None) -> str:
+    """`name` from PATH, else from its pinned package (`pinned`)."""
+    return shutil.which(name) or pinned(name, package_name, house)
+
+
+def pinned(name: str, package_name: str, house: wheelhouse.Wheelhouse | None = None) -> str:
+    """`name` from its pinned package for this machine: the .deb fetched into the wheelhouse's
+    cache by its sha256 (or found there) and unpacked."""
+    package = load()[package_name]
+    if name not in package.binaries:
+        raise UserError(
+            f"data/tools.yaml: {package.name} lists no binary {name!r} (it lists {', '.join(package.binaries)})"
+        )
+    ref = package.deb_for(platforms.host().debian)
+    deb = (house or wheelhouse.Wheelhouse()).fetch(ref)
+    path = unpacked(package, ref, deb) / "usr" / "bin" / name
+    if not path.is_file():
+        raise UserError(
+            f"{package.name} {package.version} has no usr/bin/{name}; data/tools.yaml names the wrong package"
+        )
+    return str(path)
