@@ -101,6 +101,14 @@ def classic_docker_cli() -> str | None:
     return None
 
 
+def _built_quietly(
+    client: docker.DockerClient, grid: matrix.Matrix, cell: Cell, no_cache: bool = False
+) -> build.BuildResult:
+    """The cell built as `build` builds it (its inputs checked, a fresh wheelhouse), saying nothing."""
+    options = build.BuildOptions(no_cache=no_cache)
+    return build.build_cell(client, grid, build.preflight(cell, grid), wheelhouse.Wheelhouse(), lambda _: None, options)
+
+
 def bench_noop_rebuild(grid: matrix.Matrix, cell: Cell, results: list[build.BuildResult]) -> Row:
     """Both sides get the same context (the builder's tar, on stdin for the CLI) and a warm cache."""
     client = daemon.client()
@@ -246,14 +254,7 @@ def bench_normalization(grid: matrix.Matrix, cell: Cell, results: list[build.Bui
             plains.append(_cold_build(grid, cell, plain_reference, settle=False))
         finally:
             build.remove_image(client, plain_reference)
-        shipped = build.build_cell(
-            client,
-            grid,
-            build.preflight(cell, grid),
-            wheelhouse.Wheelhouse(),
-            lambda _: None,
-            build.BuildOptions(no_cache=True),
-        )
+        shipped = _built_quietly(client, grid, cell, no_cache=True)
         results.append(shipped)
         if shipped.status != "built":
             return Row("normalization overhead", "build failed", shipped.detail, None, target, False)
@@ -331,14 +332,7 @@ def bench_arm64(results: list[build.BuildResult]) -> list[Row]:
     cell = next(c for c in grid.cells if c.platform == "linux/arm64")
     client = daemon.client()
     build.cell_base(client, grid, build.preflight(cell, grid), lambda _: None)  # a bootstrap is not the build
-    built = build.build_cell(
-        client,
-        grid,
-        build.preflight(cell, grid),
-        wheelhouse.Wheelhouse(),
-        lambda _: None,
-        build.BuildOptions(no_cache=True),
-    )
+    built = _built_quietly(client, grid, cell, no_cache=True)
     results.append(built)
     target = "< 1200 s"
     if built.status != "built":
@@ -362,7 +356,7 @@ def bench_size(grid: matrix.Matrix, results: list[build.BuildResult], push_pull:
     same files in one layer, and compressed sizes (issue 12's targets)."""
     client = daemon.client()
     cell = grid.flagship
-    shipped = build.build_cell(client, grid, build.preflight(cell, grid), wheelhouse.Wheelhouse(), lambda _: None)
+    shipped = _built_quietly(client, grid, cell)
     results.append(shipped)
     if shipped.status not in ("built", "unchanged"):
         return [Row("flagship size", "build failed", shipped.detail, None, "-", False)]
@@ -401,7 +395,7 @@ def bench_size(grid: matrix.Matrix, results: list[build.BuildResult], push_pull:
     ]
     sibling = grid.sibling(cell, "devel")
     if sibling is not None:
-        devel = build.build_cell(client, grid, build.preflight(sibling, grid), wheelhouse.Wheelhouse(), lambda _: None)
+        devel = _built_quietly(client, grid, sibling)
         results.append(devel)
         largest_devel = max((b for _, b in devel.layers), default=0)
         rows.append(

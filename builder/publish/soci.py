@@ -33,7 +33,7 @@ import docker
 from builder import jsonread
 from builder.engine import privilege
 from builder.errors import UserError
-from builder.oci.registry import DIGEST, IMAGE_TYPES, OCI_MANIFEST, Manifest, Registry, sha256_digest
+from builder.oci.registry import DIGEST, EMPTY_CONFIG, IMAGE_TYPES, OCI_MANIFEST, Manifest, Registry, sha256_digest
 from builder.plan.matrix import Matrix
 from builder.progress import Report
 from builder.publish.publication import Publication
@@ -47,7 +47,7 @@ SOCI_STORE = Path("/var/lib/soci-snapshotter-grpc/content/blobs/sha256")  # the 
 # Where containerd listens when the engine does not say: a system containerd (Ubuntu's, the
 # runners'), then the one Docker 20.10 starts for itself.
 CONTAINERD_SOCKETS = (Path("/run/containerd/containerd.sock"), Path("/var/run/docker/containerd/containerd.sock"))
-EMPTY_CONFIG = sha256_digest(b"{}")  # every SOCI index's config
+EMPTY_CONFIG_DIGEST = sha256_digest(EMPTY_CONFIG)  # every SOCI index's config
 MAX_ZTOC_BYTES = 256 << 20
 COMMAND_SECONDS = 3600
 
@@ -149,7 +149,7 @@ def attach_index(registry: Registry, repository: str, digest: str, found: Tools,
                     registry.upload_blob(repository, _read_store(found, ztoc, MAX_ZTOC_BYTES))
             finally:
                 found.soci_command("index", "rm", index_digest)
-    registry.upload_blob(repository, b"{}")  # the config, EMPTY_CONFIG
+    registry.upload_blob(repository, EMPTY_CONFIG)  # the index's config
     registry.put_referrer(repository, index, digest, INDEX_TYPE, {})
     report(f"{repository}@{digest[:19]}: SOCI index {index.digest[:19]} attached ({len(ztocs)} layers indexed)")
     return index.digest
@@ -222,7 +222,11 @@ def check_index(index: Any, image: Manifest) -> list[str]:
     if not isinstance(index, dict) or index.get("mediaType") != OCI_MANIFEST:
         raise UserError(f"{where}: not an OCI image manifest; nothing pushed")
     config, subject, entries = index.get("config"), index.get("subject"), index.get("layers")
-    if not isinstance(config, dict) or config.get("mediaType") != INDEX_TYPE or config.get("digest") != EMPTY_CONFIG:
+    if (
+        not isinstance(config, dict)
+        or config.get("mediaType") != INDEX_TYPE
+        or config.get("digest") != EMPTY_CONFIG_DIGEST
+    ):
         raise UserError(f"{where}: its config is not SOCI's empty {INDEX_TYPE}; nothing pushed")
     if not isinstance(subject, dict) or subject.get("digest") != image.digest:
         raise UserError(f"{where}: its subject is not the image; nothing pushed")

@@ -93,9 +93,13 @@ def binary(name: str, package_name: str, house: wheelhouse.Wheelhouse | None = N
 
 
 def pinned(name: str, package_name: str, house: wheelhouse.Wheelhouse | None = None) -> str:
-    """`name` from its pinned package for this machine: the .deb fetched into the wheelhouse's
-    cache by its sha256 (or found there) and unpacked."""
-    package = load()[package_name]
+    """`name` from its package as data/tools.yaml pins it (`from_package`)."""
+    return from_package(load()[package_name], name, house)
+
+
+def from_package(package: Package, name: str, house: wheelhouse.Wheelhouse | None = None) -> str:
+    """`name` from `package`'s .deb for this machine: fetched into the wheelhouse's cache by its
+    sha256 (or found there) and unpacked."""
     if name not in package.binaries:
         raise UserError(
             f"data/tools.yaml: {package.name} lists no binary {name!r} (it lists {', '.join(package.binaries)})"

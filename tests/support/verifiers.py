@@ -1,5 +1,6 @@
 """The verifiers platform teams run, for the tests: Debian's cosign and oras packages, fetched
-from deb.debian.org by their pinned sha256 into the builder's cache and unpacked (not installed).
+from deb.debian.org by their pinned sha256 into the builder's cache and unpacked (not installed),
+as the builder fetches the tools it runs itself.
 
 They run offline: every connection they would make elsewhere (cosign asks Sigstore's TUF
 repository for its trust root) goes to a proxy on a closed loopback port, so nothing leaves the
@@ -8,14 +9,11 @@ machine, and the loopback registry is reached directly.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import subprocess
-import urllib.request
 from pathlib import Path
 
-from builder import paths
 from builder.wheelhouse import tools
+from builder.wheelhouse.fileref import FileRef
 
 MIRROR = "http://deb.debian.org/debian"
 # Debian sid, as of 2026-12-05: (pool path, sha256).
@@ -27,32 +25,19 @@ DEBS = {
 }  # fmt: skip
 
 
-def _root() -> Path:
-    return paths.cache_dir("verifiers")
-
-
 def tool(name: str, package: str | None = None) -> Path:
     """The unpacked binary `name` of a pinned package (by default the one named alike), fetched
-    and checked the first time. A package the builder itself pins (data/tools.yaml: soci's) is
-    taken from there, the same file the builder runs."""
+    and checked the first time, the way the builder fetches the tools it runs
+    (builder/wheelhouse/tools.py). A package the builder itself pins (data/tools.yaml: soci's)
+    is taken from there, the same file the builder runs."""
     package = package or name
     if package in tools.load():
         return Path(tools.pinned(name, package))
     pool_path, sha256 = DEBS[package]
-    deb = _root() / Path(pool_path).name
-    if not deb.is_file() or hashlib.sha256(deb.read_bytes()).hexdigest() != sha256:
-        partial = deb.with_suffix(".partial")
-        urllib.request.urlretrieve(f"{MIRROR}/{pool_path}", partial)
-        actual = hashlib.sha256(partial.read_bytes()).hexdigest()
-        if actual != sha256:
-            partial.unlink()
-            raise RuntimeError(f"{pool_path}: sha256 {actual}, pinned {sha256}")
-        partial.rename(deb)
-    unpacked = _root() / f"{package}-{sha256[:12]}"
-    binary = unpacked / "usr" / "bin" / name
-    if not binary.is_file():
-        subprocess.run(["dpkg-deb", "-x", str(deb), str(unpacked)], check=True)
-    return binary
+    filename = Path(pool_path).name
+    deb = FileRef(package, filename, f"{MIRROR}/{pool_path}", sha256)
+    version = filename.split("_")[1]  # package_version_arch.deb
+    return Path(tools.from_package(tools.Package(package, version, (name,), {"amd64": deb}), name))
 
 
 def offline_environment(home: Path) -> dict[str, str]:

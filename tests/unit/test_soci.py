@@ -47,7 +47,7 @@ def made_by_soci() -> dict[str, Any]:
     return {
         "schemaVersion": 2,
         "mediaType": OCI_MANIFEST,
-        "config": {"mediaType": soci.INDEX_TYPE, "digest": soci.EMPTY_CONFIG, "size": 2},
+        "config": {"mediaType": soci.INDEX_TYPE, "digest": soci.EMPTY_CONFIG_DIGEST, "size": 2},
         "layers": [
             {
                 "mediaType": "application/octet-stream",
