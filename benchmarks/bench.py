@@ -437,7 +437,7 @@ def _naive_sizes(grid: matrix.Matrix, cell: Cell) -> tuple[int, int]:
                     dockerfile=NAIVE_DOCKERFILE.name,
                     buildargs={
                         "BASE_IMAGE": base_reference,
-                        "FIND_LINKS": f"http://{listen}/{served.lock_page(locks.stack)}",
+                        "FIND_LINKS": f"http://{listen}/{served.lock_page(locks.stack, locks.cell)}",
                         "TORCH": cell.torch.version,
                     },
                     tag=reference,

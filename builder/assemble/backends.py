@@ -33,9 +33,15 @@ class BuildRequest:
         return f"images/{self.cell.name}/Dockerfile"
 
 
-def classic_build(engine: docker.DockerClient, request: BuildRequest, report: Report) -> str:
+STEP_IMAGE = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
+
+
+def classic_build(
+    engine: docker.DockerClient, request: BuildRequest, report: Report, steps: list[str] | None = None
+) -> str:
     """Run the build with the engine's classic builder, reporting each step; returns the
-    engine's error, or "" on success."""
+    engine's error, or "" on success. The image each finished step made is appended to `steps`:
+    after a failure the last one holds the steps that succeeded, for the caller to remove."""
     cell = request.cell
     stream = engine.api.build(
         fileobj=context_tar(cell, request.epoch),
@@ -56,7 +62,11 @@ def classic_build(engine: docker.DockerClient, request: BuildRequest, report: Re
         if "error" in chunk:
             tail = " | ".join(line for line in last_lines[-3:] if line)
             return f"{chunk['error'].strip()} ({tail})" if tail else chunk["error"].strip()
-        text = chunk.get("stream", "").strip()
+        text = chunk.get("stream", "").rstrip()
+        made = STEP_IMAGE.match(text)
+        if made and steps is not None:
+            steps.append(made.group(1))
+        text = text.strip()
         if text:
             last_lines = [*last_lines[-5:], text]
             if re.match(r"^Step \d+/\d+", text):

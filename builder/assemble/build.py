@@ -227,21 +227,29 @@ def build_cell(
     epoch = grid.spec.source_date_epoch
     request = BuildRequest(cell, reference, base_reference, epoch, options.no_cache, labels)
     mark = time.monotonic()
+    step_images: list[str] = []
     with wheelserver.serve(house, grid.spec.wheelhouse.listen):
         if options.backend == "buildkit":
             error = backends.buildkit_build(engine, request, report)
         else:
-            error = backends.classic_build(engine, request, report)
+            error = backends.classic_build(engine, request, report, step_images)
     result.phases["engine"] = time.monotonic() - mark
     result.seconds = time.monotonic() - started
     if error:
+        # The steps that succeeded are the engine's cache, removed with the run's others.
+        result.intermediate = step_images[-1] if step_images else ""
         result.state, result.detail = BuildState.FAILED, error
         return result
     raw_id = engine.images.get(reference).id
     if options.normalize:
         mark = time.monotonic()
         steps = repro.dockerfile_steps(cell.file("Dockerfile").read_text())
-        canonical = repro.normalize_image(engine, reference, epoch, steps, base_reference, report)
+        try:
+            canonical = repro.normalize_image(engine, reference, epoch, steps, base_reference, report)
+        except BaseException:
+            # The engine's image under the cell's tag is not the product: nothing checked it.
+            remove_image(engine, reference)
+            raise
         result.phases["normalize"] = time.monotonic() - mark
         result.phases.update({f"normalize.{name}": seconds for name, seconds in canonical.seconds.items()})
         result.seconds = time.monotonic() - started

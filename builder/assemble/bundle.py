@@ -90,10 +90,10 @@ def _cache_files(grid: Matrix, cell: Cell, house: wheelhouse.Wheelhouse) -> dict
     house.prepare(cell, grid, locks.python_locks)
     found: dict[str, str] = {}
     for lock in locks.python_locks:
-        page = served.lock_page(lock)
+        page = served.lock_page(lock, cell)
         for name in ("index.html", lock.path.name):
             found[page + name] = digests.sha256_file(house.root / page / name)
-        for where, sha256 in house.cached_files(lock) or []:
+        for where, sha256 in house.cached_files(lock, page) or []:
             found[where] = sha256
     assert locks.debian is not None  # preflight refuses a cell without its debian.lock
     debs = aptrepo.fetch(house, cell.base, locks.debian.files.values())
@@ -250,8 +250,8 @@ def _cache_names(locks: CellLocks) -> _CacheNames:
     hashes = {h for lock in locks.python_locks for package in lock.packages.values() for h in package.hashes}
     if locks.debian is not None:
         hashes |= {file.sha256 for file in locks.debian.files.values()}
-    pages = {served.lock_page(lock) + lock.path.name: lock.sha256 for lock in locks.python_locks}
-    folders = frozenset(served.lock_page(lock) for lock in locks.python_locks)
+    pages = {served.lock_page(lock, locks.cell) + lock.path.name: lock.sha256 for lock in locks.python_locks}
+    folders = frozenset(served.lock_page(lock, locks.cell) for lock in locks.python_locks)
     return _CacheNames(frozenset(hashes), pages, folders)
 
 

@@ -49,6 +49,15 @@ class OutOfOrder(Exception):
     """A layer whose entries are not in walk order: sorted through a spool file instead."""
 
 
+class LinkTargetsDropped(Exception):
+    """A layer whose hard links name files it left out as unchanged (a step linked a file of a
+    lower layer, which the engine copied up unchanged): written again with those files kept."""
+
+    def __init__(self, names: frozenset[str]) -> None:
+        super().__init__(", ".join(sorted(names)))
+        self.names = names
+
+
 Metadata = tuple[bytes, int, int, int, int, tuple[tuple[str, bytes], ...], int, str, int, int, str]
 
 
@@ -411,12 +420,16 @@ def _buffered(data: DataReader, size: int) -> tuple[IO[bytes], str]:
 
 
 def write_layer(stream: Iterator[tuple[Entry, DataReader | None]], sink: IO[bytes], lower: LowerTree,
-                check_order: bool = True) -> CanonicalLayer:  # fmt: skip
+                check_order: bool = True, keep: frozenset[str] = frozenset()) -> CanonicalLayer:  # fmt: skip
     """Write a layer's entries in the canonical encoding and apply them to `lower`. Raises
-    OutOfOrder (having written part of it) when check_order finds two entries out of walk order."""
+    OutOfOrder (having written part of it) when check_order finds two entries out of walk order,
+    and LinkTargetsDropped (having written all of it, applied nothing) when a hard link names a
+    file left out as unchanged: the caller writes the layer again with those names in `keep`,
+    entries written even when the layers below hold them already."""
     out = _Digesting(sink)
     written: list[tuple[Entry, str]] = []
     dropped_files: set[str] = set()
+    dropped_targets: set[str] = set()
     previous: tuple[bytes, ...] = ()
     dropped = 0
     for entry, data in stream:
@@ -429,12 +442,13 @@ def write_layer(stream: Iterator[tuple[Entry, DataReader | None]], sink: IO[byte
             dropped += 1
             continue
         if entry.kind == HARDLINK and entry.linkname in dropped_files:
-            raise UserError(f"layer entry {entry.name} links to {entry.linkname}, a file the layers below hold already")
+            dropped_targets.add(entry.linkname)
         content: IO[bytes] | None = data  # type: ignore[assignment]
         sha256 = ""
-        if data is not None and lower.same_metadata(entry):
+        kept = entry.name in keep
+        if data is not None and not kept and lower.same_metadata(entry):
             content, sha256 = _buffered(data, entry.size)
-        if lower.unchanged(entry, sha256):
+        if not kept and entry.kind != HARDLINK and lower.unchanged(entry, sha256):  # a link is never a copy-up
             dropped += 1
             dropped_files.add(entry.name)
             continue
@@ -449,6 +463,8 @@ def write_layer(stream: Iterator[tuple[Entry, DataReader | None]], sink: IO[byte
             sha256 = sha256 or (digest.hexdigest() if digest else "")
         written.append((entry, sha256))
     out.write(bytes(2 * BLOCK))
+    if dropped_targets:
+        raise LinkTargetsDropped(frozenset(dropped_targets))
     lower.apply(written)
     return CanonicalLayer("sha256:" + out.digest.hexdigest(), out.size, len(written), dropped)
 
@@ -503,10 +519,23 @@ def in_walk_order(found: list[tuple[Entry, Opener | None]]) -> Iterator[tuple[En
         )
 
 
+def link_group_members(found: list[tuple[Entry, Opener | None]]) -> frozenset[str]:
+    """Every name of the layer that a hard link of the layer names or is: each is written even
+    where the layers below hold it unchanged, so that every link in the layer has its target."""
+    names = {entry.name for entry, _ in found}
+    return frozenset(
+        name
+        for entry, _ in found
+        if entry.kind == HARDLINK and entry.linkname in names
+        for name in (entry.name, entry.linkname)
+    )
+
+
 def rewrite_gathered(found: list[tuple[Entry, Opener | None]], target: Path, lower: LowerTree) -> CanonicalLayer:
     """A layer whose entries were gathered (from a layer's folder, say) rewritten into `target`."""
+    keep = link_group_members(found)
     with target.open("wb") as sink:
-        return write_layer(in_walk_order(found), sink, lower, check_order=False)
+        return write_layer(in_walk_order(found), sink, lower, check_order=False, keep=keep)
 
 
 class _SpoolReader(DataReader):
@@ -529,13 +558,6 @@ class _FileReader(DataReader):
         return data
 
 
-def canonical_layer_sorted(
-    source: IO[bytes], sink: IO[bytes], lower: LowerTree, epoch: int, workdir: Path
-) -> CanonicalLayer:
-    """Rewrite a layer whose entries are not in walk order (sorted through a spool file)."""
-    return write_layer(_sorted(uncompressed(source), epoch, workdir), sink, lower, check_order=False)
-
-
 def canonical_stream(source: IO[bytes], sink: IO[bytes], lower: LowerTree, epoch: int) -> CanonicalLayer:
     """Rewrite a layer in walk order straight from `source` into `sink`; raises OutOfOrder."""
     return write_layer(entries(uncompressed(source), epoch), sink, lower)
@@ -552,21 +574,31 @@ def rewrite_layer(open_source: Callable[[], IO[bytes]], target: Path, lower: Low
     sorted through a spool. The source is read to its end either way (a checked blob verifies
     its digest there)."""
     with target.open("wb") as sink:
-        with open_source() as source:
-            try:
-                done = canonical_stream(source, sink, lower, epoch)
-                while source.read(CHUNK):
-                    pass
-                return done
-            except OutOfOrder:  # nothing was applied to `lower` yet
-                pass
-        sink.seek(0)
-        sink.truncate()
-        with open_source() as source:
-            done = canonical_layer_sorted(source, sink, lower, epoch, target.parent)
+        try:
+            return _rewrite_into(open_source, sink, lower, epoch, target.parent, frozenset())
+        except LinkTargetsDropped as dropped:  # nothing was applied to `lower` yet
+            return _rewrite_into(open_source, sink, lower, epoch, target.parent, dropped.names)
+
+
+def _rewrite_into(open_source: Callable[[], IO[bytes]], sink: IO[bytes], lower: LowerTree, epoch: int, workdir: Path,
+                  keep: frozenset[str]) -> CanonicalLayer:  # fmt: skip
+    sink.seek(0)
+    sink.truncate()
+    with open_source() as source:
+        try:
+            done = write_layer(entries(uncompressed(source), epoch), sink, lower, keep=keep)
             while source.read(CHUNK):
                 pass
             return done
+        except OutOfOrder:  # nothing was applied to `lower` yet
+            pass
+    sink.seek(0)
+    sink.truncate()
+    with open_source() as source:
+        done = write_layer(_sorted(uncompressed(source), epoch, workdir), sink, lower, check_order=False, keep=keep)
+        while source.read(CHUNK):
+            pass
+        return done
 
 
 def rewrite_file(path: Path, epoch: int) -> CanonicalLayer:

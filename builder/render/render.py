@@ -144,14 +144,14 @@ def context(locks: CellLocks, grid: Matrix, settle: bool = True) -> dict[str, An
         "flavor_system_packages": table.flavors[cell.flavor].system,
         "restore_globs": layout.load().restored_by(cell.flavor),
         "flavor_dpkg_paths": layout.load().dpkg_for(cell.flavor),
-        "stack_lock": served.lock_ref(stack),
+        "stack_lock": served.lock_ref(stack, cell),
         "stack_layers": [
-            StackLayer(name, list(part.packages), served.lock_ref(part)) for name, part in locks.stack_layers
+            StackLayer(name, list(part.packages), served.lock_ref(part, cell)) for name, part in locks.stack_layers
         ],
         "prune": layout.load().prune,
         "dpkg_paths": layout.load().dpkg,
         "site_packages": f"/opt/venv/lib/python{cell.python}/site-packages",
-        "flavor_lock": served.lock_ref(locks.flavor) if locks.flavor else None,
+        "flavor_lock": served.lock_ref(locks.flavor, cell) if locks.flavor else None,
         "wheelhouse_url": f"http://{grid.spec.wheelhouse.listen}/",
         "support": served.support_files(),
         "version_labels": version_labels(cell, facts),

@@ -13,6 +13,7 @@ from pathlib import Path
 from builder import digests, paths
 from builder.lock.aptindex import ArchiveFile
 from builder.lock.requirements import Lockfile
+from builder.plan.cell import Cell
 
 # Helper scripts that RUN steps fetch from the wheelhouse server (see partials/fetch.j2).
 # Helper scripts, and the self-test with its datasheet peaks (fetched by the last RUN).
@@ -51,10 +52,13 @@ def blob_path(sha256: str, filename: str) -> str:
     return f"sha256/{sha256[:2]}/{sha256}/{filename}"
 
 
-def lock_page(lock: Lockfile) -> str:
-    """Where a lock's find-links page (and the lock itself) lives under the server root: a
-    folder named by its content, so a changed lock gets a new URL."""
-    return f"locks/{lock.sha256[:16]}/"
+def lock_page(lock: Lockfile, cell: Cell) -> str:
+    """Where a lock's find-links page (and the lock itself) lives under the server root, for one
+    cell: a folder named by everything that chooses the page's wheels (the lock's content, and the
+    Python, glibc and platform whose tags pick one wheel of each package), so a changed lock gets
+    a new URL, and two cells whose locks read alike but install other wheels get a page each."""
+    chooser = f"lock {lock.sha256}\npython {cell.python}\nglibc {cell.base.glibc}\nplatform {cell.platform}\n"
+    return f"locks/{hashlib.sha256(chooser.encode()).hexdigest()[:16]}/"
 
 
 def support_file(path: Path) -> ServedFile:
@@ -69,9 +73,9 @@ def served_text(name: str, text: str) -> ServedFile:
     return ServedFile(name, f"files/{sha256[:16]}/{name}", sha256)
 
 
-def lock_ref(lock: Lockfile) -> LockRef:
-    """A lock as the Dockerfile names it: its URL, its sha256 and its find-links page."""
-    page = lock_page(lock)
+def lock_ref(lock: Lockfile, cell: Cell) -> LockRef:
+    """A lock as the cell's Dockerfile names it: its URL, its sha256 and its find-links page."""
+    page = lock_page(lock, cell)
     return LockRef(lock.path.name, page + lock.path.name, lock.sha256, page)
 
 

@@ -165,21 +165,21 @@ class Wheelhouse:
 
     # ------------------------------------------------------------ serving
 
-    def publish_page(self, lock: Lockfile, refs: list[FileRef]) -> str:
-        """Write the find-links page for one lock, and the lock beside it; returns the page's path."""
-        page = self.root / served.lock_page(lock) / "index.html"
-        page.parent.mkdir(parents=True, exist_ok=True)
-        self._publish_lock(lock)
-        self.allow([served.lock_page(lock) + "index.html", *(served.blob_path(r.sha256, r.filename) for r in refs)])
+    def publish_page(self, lock: Lockfile, page: str, refs: list[FileRef]) -> str:
+        """Write the find-links page `page` (served.lock_page) for one lock, and the lock beside it."""
+        index = self.root / page / "index.html"
+        index.parent.mkdir(parents=True, exist_ok=True)
+        self._publish_lock(lock, page)
+        self.allow([page + "index.html", *(served.blob_path(r.sha256, r.filename) for r in refs)])
         links = "\n".join(
             f'<a href="../../{html.escape(served.blob_path(r.sha256, r.filename))}#sha256={r.sha256}">'
             f"{html.escape(r.filename)}</a><br>"
             for r in refs
         )
-        with tempfile.NamedTemporaryFile("w", dir=page.parent, delete=False) as handle:
+        with tempfile.NamedTemporaryFile("w", dir=index.parent, delete=False) as handle:
             handle.write(f"<!DOCTYPE html><html><body>\n{links}\n</body></html>\n")
-        os.replace(handle.name, page)
-        return served.lock_page(lock)
+        os.replace(handle.name, index)
+        return page
 
     def publish_files(self, paths: Iterable[Path]) -> None:
         """Serve build inputs that are not wheels (helper scripts) under their content's name."""
@@ -188,10 +188,10 @@ class Wheelhouse:
             self.place(path.read_bytes(), self.root / where)
             self.allow([where])
 
-    def _publish_lock(self, lock: Lockfile) -> None:
+    def _publish_lock(self, lock: Lockfile, page: str) -> None:
         """The lock itself beside its page: RUN steps fetch it from there."""
-        self.place(lock.text.encode(), self.root / served.lock_page(lock) / lock.path.name)  # as read, not again
-        self.allow([served.lock_page(lock) + lock.path.name])
+        self.place(lock.text.encode(), self.root / page / lock.path.name)  # as read, not again
+        self.allow([page + lock.path.name])
 
     def allow(self, paths: Iterable[str]) -> None:
         """Let the server answer for these paths (relative to the root): the files a build asked for."""
@@ -231,10 +231,11 @@ class Wheelhouse:
         """
         files = []
         for lock in locks:
-            cached = self.cached_files(lock)
+            page = served.lock_page(lock, cell)
+            cached = self.cached_files(lock, page)
             if cached is not None and all(self.intact(self.root / path, digest) for path, digest in cached):
-                self._publish_lock(lock)
-                self.allow([served.lock_page(lock) + "index.html", *(path for path, _ in cached)])
+                self._publish_lock(lock, page)
+                self.allow([page + "index.html", *(path for path, _ in cached)])
                 files += [self.root / path for path, _ in cached]
                 continue
             if self.offline:
@@ -251,7 +252,7 @@ class Wheelhouse:
             if missing:
                 self.report(f"{lock.path.name}: {missing} of {len(refs)} files to download")
             files += [self.fetch(ref) for ref in refs]
-            self.publish_page(lock, refs)
+            self.publish_page(lock, page, refs)
         return files
 
     def _offline_error(self, lock: Lockfile, error: OSError) -> UserError:
@@ -269,13 +270,13 @@ class Wheelhouse:
             lock.path,
         )
 
-    def cached_files(self, lock: Lockfile) -> list[tuple[str, str]] | None:
-        """The files (paths under the root) a lock's existing page names, with their hashes; None
-        when there is no page, or it does not name one file per locked package."""
-        page = self.root / served.lock_page(lock) / "index.html"
-        if not page.exists():
+    def cached_files(self, lock: Lockfile, page: str) -> list[tuple[str, str]] | None:
+        """The files (paths under the root) a lock's existing page (served.lock_page) names, with
+        their hashes; None when there is no page, or it does not name one file per locked package."""
+        index = self.root / page / "index.html"
+        if not index.exists():
             return None
-        found = re.findall(r'href="\.\./\.\./(sha256/[0-9a-f]{2}/([0-9a-f]{64})/[^"#/]+)#', page.read_text())
+        found = re.findall(r'href="\.\./\.\./(sha256/[0-9a-f]{2}/([0-9a-f]{64})/[^"#/]+)#', index.read_text())
         if len(found) != len(lock.packages):
             return None
         return found

@@ -159,14 +159,72 @@ def test_a_layer_out_of_walk_order_is_refused_by_the_stream_and_sorted_through_a
     )
     with pytest.raises(canonical.OutOfOrder):
         rewrite(shuffled)
-    sink = io.BytesIO()
-    canonical.canonical_layer_sorted(io.BytesIO(shuffled), sink, canonical.LowerTree(), EPOCH, tmp_path)
-    with tarfile.open(fileobj=io.BytesIO(sink.getvalue())) as opened:
+    canonical.rewrite_layer(
+        lambda: io.BufferedReader(io.BytesIO(shuffled)), tmp_path / "sorted.tar", canonical.LowerTree(), EPOCH
+    )
+    with tarfile.open(tmp_path / "sorted.tar") as opened:
         first, second, third = opened.getmembers()
         assert (first.name, second.name, second.isreg()) == ("a", "a/lib.so", True)  # the link carries the data
         assert (third.name, third.islnk(), third.linkname) == ("z/lib.so.1", True, "a/lib.so")
         opened.extractall(tmp_path / "root", filter="tar")
     assert (tmp_path / "root" / "z" / "lib.so.1").read_bytes() == b"library"
+
+
+# A step ran `ln /usr/bin/python3 /usr/local/bin/py`: overlayfs copied the lower file up, unchanged,
+# and the engine's layer holds it with the new name linked to it.
+LINKED_LOWER_FILE: list[Spec] = [
+    ("usr", "dir", "", 1),
+    ("usr/bin", "dir", "", 1),
+    ("usr/bin/python3", "file", b"interpreter", 1),
+    ("usr/local", "dir", "", 1),
+    ("usr/local/bin", "dir", "", EPOCH),
+    ("usr/local/bin/py", "link", "usr/bin/python3", EPOCH),
+]
+
+
+def _lower_with_python(tmp_path: Path) -> canonical.LowerTree:
+    lower = canonical.LowerTree()
+    base = engine_tar([(n, k, d, t) for n, k, d, t in LINKED_LOWER_FILE if n != "usr/local/bin/py"])
+    canonical.rewrite_layer(lambda: io.BufferedReader(io.BytesIO(base)), tmp_path / "base.tar", lower, EPOCH)
+    return lower
+
+
+def _extracted(layers: list[Path], root: Path) -> Path:
+    for layer in layers:  # as an engine applies them: a link's target must be in the same layer
+        with tarfile.open(layer) as opened:
+            opened.extractall(root, filter="tar")
+    return root
+
+
+def test_a_link_to_a_lower_layers_file_keeps_its_unchanged_target_in_the_layer(tmp_path: Path) -> None:
+    """The engine accepts a step that hard-links a lower layer's file: so does the canonical writer."""
+    lower = _lower_with_python(tmp_path)
+    layer = engine_tar(LINKED_LOWER_FILE)
+    canonical.rewrite_layer(lambda: io.BufferedReader(io.BytesIO(layer)), tmp_path / "step.tar", lower, EPOCH)
+    with tarfile.open(tmp_path / "step.tar") as opened:
+        kept = {m.name: m for m in opened.getmembers()}
+    assert kept["usr/bin/python3"].isreg() and kept["usr/local/bin/py"].linkname == "usr/bin/python3"
+    assert "usr/bin" not in kept  # unchanged directories still go
+    step_alone = _extracted([tmp_path / "step.tar"], tmp_path / "step-alone")
+    assert (step_alone / "usr/local/bin/py").read_bytes() == b"interpreter"
+    assert (step_alone / "usr/bin/python3").stat().st_ino == (step_alone / "usr/local/bin/py").stat().st_ino
+
+
+def test_a_link_to_a_lower_layers_file_is_the_same_layer_from_a_folder_and_from_a_tar(tmp_path: Path) -> None:
+    from_tar = canonical.rewrite_layer(
+        lambda: io.BufferedReader(io.BytesIO(engine_tar(LINKED_LOWER_FILE))),
+        tmp_path / "tar.tar",
+        _lower_with_python(tmp_path),
+        EPOCH,
+    )
+    found: list[tuple[canonical.Entry, canonical.Opener | None]] = []
+    for entry, data in canonical.entries(io.BytesIO(engine_tar(LINKED_LOWER_FILE)), EPOCH):
+        content = data.read(1 << 20) if data is not None else None
+        opener = (lambda c=content: canonical.DataReader(io.BytesIO(c), len(c))) if content is not None else None
+        found.append((entry, opener))
+    from_folder = canonical.rewrite_gathered(found, tmp_path / "folder.tar", _lower_with_python(tmp_path))
+    assert from_folder.diff_id == from_tar.diff_id
+    assert (tmp_path / "folder.tar").read_bytes() == (tmp_path / "tar.tar").read_bytes()
 
 
 def test_walk_order_is_component_by_component() -> None:

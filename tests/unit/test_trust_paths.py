@@ -210,7 +210,7 @@ def test_a_bundle_holding_the_repositorys_cell_and_its_locked_files_passes(
         **_cell_files(project),
         f"cache/sha256/{wheel_hash[:2]}/{wheel_hash}/x-1.0-py3-none-any.whl": wheel_hash,
         f"cache/sha256/{deb.sha256[:2]}/{deb.sha256}/{Path(deb.path).name}": deb.sha256,
-        f"cache/{served.lock_page(locks.stack)}{lock.STACK_LOCK}": locks.stack.sha256,
+        f"cache/{served.lock_page(locks.stack, locks.cell)}{lock.STACK_LOCK}": locks.stack.sha256,
     }
     bundle.check_against_repository(bundle.Bundle(tmp_path, CELL, files), cell, locks)  # type: ignore[arg-type]
 

@@ -19,8 +19,9 @@ import pytest
 from builder.errors import UserError
 from builder.facts.compat import TorchWheels
 from builder.lock import requirements as lock
+from builder.plan.cell import Cell
 from builder.plan.matrix import load_matrix
-from builder.wheelhouse import wheelchoice, wheelhouse, wheelserver
+from builder.wheelhouse import served, wheelchoice, wheelhouse, wheelserver
 from builder.wheelhouse.fileref import FileRef
 from tests.conftest import lock_entry
 
@@ -140,7 +141,7 @@ def test_served_page_links_each_file_with_its_hash_and_a_second_server_reuses_th
     house.fetch(ref)
     lock_path = tmp_path / "requirements.lock"
     lock_path.write_text(lock_entry("demo", "1.0", digest))
-    page = house.publish_page(lock.Lockfile.read(lock_path), [ref])
+    page = house.publish_page(lock.Lockfile.read(lock_path), "locks/demo/", [ref])
     with (
         wheelserver.serve(house, "127.0.0.1:18741") as base,
         wheelserver.serve(house, "127.0.0.1:18741") as again,
@@ -172,12 +173,13 @@ def test_a_lock_whose_files_are_cached_is_prepared_without_any_index(
     lock_path = tmp_path / "requirements.lock"
     lock_path.write_text(lock_entry("demo", "1.0", digest))
     locked = lock.Lockfile.read(lock_path)
-    assert house.cached_files(locked) is None
-    house.fetch(ref)
-    house.publish_page(locked, [ref])
     # The matrix's index is unreachable here: preparing must not need it.
     matrix_file.write_text(matrix_file.read_text().replace("https://pypi.org/simple", "http://127.0.0.1:9/simple"))
     grid = load_matrix(matrix_file, wheels)
+    page = served.lock_page(locked, grid.cell("2.9.1-cu12.8-bookworm-runtime"))
+    assert house.cached_files(locked, page) is None
+    house.fetch(ref)
+    house.publish_page(locked, page, [ref])
     files = house.prepare(grid.cell("2.9.1-cu12.8-bookworm-runtime"), grid, [locked])
     assert files == [house.blob(digest, "demo-1.0-py3-none-any.whl")]
     house.blob(digest, "demo-1.0-py3-none-any.whl").unlink()
@@ -194,15 +196,15 @@ def _flip_one_byte(path: Path) -> None:
 
 
 def _cached_then_corrupted(
-    tmp_path: Path, file_server: tuple[str, Path]
+    tmp_path: Path, file_server: tuple[str, Path], cell: Cell
 ) -> tuple[wheelhouse.Wheelhouse, FileRef, lock.Lockfile]:
-    """A wheel fetched and published for a lock, then one byte of the cached file flipped."""
+    """A wheel fetched and published for a lock and a cell, then one byte of the cached file flipped."""
     ref = served_wheel(file_server)
     house = wheelhouse.Wheelhouse(tmp_path / "house")
     lock_path = tmp_path / "requirements.lock"
     lock_path.write_text(lock_entry("demo", "1.0", ref.sha256))
     locked = lock.Lockfile.read(lock_path)
-    house.publish_page(locked, [ref])
+    house.publish_page(locked, served.lock_page(locked, cell), [ref])
     _flip_one_byte(house.fetch(ref))
     return house, ref, locked
 
@@ -214,9 +216,9 @@ def test_a_corrupt_cached_wheel_is_found_before_the_build_and_fetched_again(
     wheels: TorchWheels,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    house, ref, locked = _cached_then_corrupted(tmp_path, file_server)
     grid = load_matrix(matrix_file, wheels)
     cell = grid.cell("2.9.1-cu12.8-bookworm-runtime")
+    house, ref, locked = _cached_then_corrupted(tmp_path, file_server, cell)
     # Online: the index (stood in for by the wheel choice) names the file again, and it is downloaded anew.
     monkeypatch.setattr(wheelchoice, "choose", lambda *_: [ref])
     [path] = house.prepare(cell, grid, [locked])
@@ -227,13 +229,42 @@ def test_a_corrupt_cached_wheel_is_found_before_the_build_and_fetched_again(
 def test_a_corrupt_cached_wheel_offline_is_one_line_naming_the_file(
     tmp_path: Path, file_server: tuple[str, Path], matrix_file: Path, wheels: TorchWheels
 ) -> None:
-    house, ref, locked = _cached_then_corrupted(tmp_path, file_server)
-    lock_path = locked.path
     matrix_file.write_text(matrix_file.read_text().replace("https://pypi.org/simple", "http://127.0.0.1:9/simple"))
     grid = load_matrix(matrix_file, wheels)
+    house, ref, locked = _cached_then_corrupted(tmp_path, file_server, grid.cell("2.9.1-cu12.8-bookworm-runtime"))
+    lock_path = locked.path
     with pytest.raises(UserError) as caught:
         house.prepare(grid.cell("2.9.1-cu12.8-bookworm-runtime"), grid, [locked])
     line = caught.value.line()
     assert "\n" not in line and line.startswith(f"{lock_path}: cached demo-1.0-py3-none-any.whl did not match")
     assert "put the original file back" in line
     assert not house.blob(ref.sha256, ref.filename).exists()  # removed, never served
+
+
+def test_two_cells_whose_locks_read_alike_get_a_page_each_with_their_own_wheels_on_one_cache(
+    tmp_path: Path, matrix_file: Path, wheels: TorchWheels
+) -> None:
+    """A lock's page is keyed by what chooses its wheels: the second cell built on a cache must not
+    be served the first one's page (build --all, a team's second cell)."""
+    links = tmp_path / "links"
+    links.mkdir()
+    digests = {}
+    for python in ("3.9", "3.10", "3.11", "3.12", "3.13"):
+        tag = "cp" + python.replace(".", "")
+        digests[python] = make_wheel(links, f"fastlib-1.0-{tag}-{tag}-manylinux_2_28_x86_64.whl", python.encode())
+    matrix_file.write_text(
+        matrix_file.read_text().replace('{url: "https://pypi.org/simple"}', f'{{find_links: ["{links}"]}}')
+    )
+    grid = load_matrix(matrix_file, wheels)
+    by_python = {cell.python: cell for cell in grid.cells if cell.platform == "linux/amd64"}
+    first, second = (by_python[p] for p in sorted(by_python)[:2])
+    lock_path = tmp_path / "requirements.lock"
+    lock_path.write_text(lock_entry("fastlib", "1.0", *digests.values()))
+    locked = lock.Lockfile.read(lock_path)
+    house = wheelhouse.Wheelhouse(tmp_path / "house")
+    for cell in (first, second):
+        [path] = house.prepare(cell, grid, [locked])
+        assert path.read_bytes() and f"cp{cell.python.replace('.', '')}" in path.name
+        page = (house.root / served.lock_page(locked, cell) / "index.html").read_text()
+        assert f"cp{cell.python.replace('.', '')}" in page
+    assert served.lock_page(locked, first) != served.lock_page(locked, second)
