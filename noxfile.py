@@ -54,6 +54,14 @@ def build(session: nox.Session) -> None:
 
 
 @nox.session
+def sweep(session: nox.Session) -> None:
+    """Build and self-test every buildable cell in turn (hours), recorded in images/sweep.json and docs/matrix.md."""
+    _install(session)
+    _ensure_engine(session)
+    session.run("python", "-m", "builder", "sweep", *session.posargs)
+
+
+@nox.session
 def smoke(session: nox.Session) -> None:
     """Run the in-image self-test on built cells or images (`-- CELL|IMAGE ...`)."""
     _install(session)
@@ -95,7 +103,8 @@ def tests(session: nox.Session) -> None:
     for matrix in ("matrix.yaml", "tests/fixtures/multiarch.yaml"):  # generated files match their matrix
         session.run("python", "-m", "builder", "--matrix", matrix, "render", "--check")
         session.run("python", "-m", "builder", "--matrix", matrix, "lock", "--check")
-    session.run("pytest", "tests", *session.posargs, env={"PYTHONUNBUFFERED": "1"})
+    # The slowest tests, in every log: where the suite's minutes go.
+    session.run("pytest", "tests", "--durations=25", *session.posargs, env={"PYTHONUNBUFFERED": "1"})
 
 
 def _excludes_integration(posargs: list[str]) -> bool:

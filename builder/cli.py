@@ -21,6 +21,7 @@ from builder.commands import (
     repro,
     size,
     smoke,
+    sweep,
     update,
     verify,
 )
@@ -29,7 +30,24 @@ from builder.config import schema
 from builder.errors import EXIT_USER_ERROR, UserError
 
 # In the order `--help` lists them.
-COMMANDS = (plan, lock, render, build, publish, verify, ci, audit, repro, bundle, size, smoke, engine, compat, update)
+COMMANDS = (
+    plan,
+    lock,
+    render,
+    build,
+    sweep,
+    publish,
+    verify,
+    ci,
+    audit,
+    repro,
+    bundle,
+    size,
+    smoke,
+    engine,
+    compat,
+    update,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -246,10 +246,10 @@ def build_cell(
         steps = repro.dockerfile_steps(cell.file("Dockerfile").read_text())
         try:
             canonical = repro.normalize_image(engine, reference, epoch, steps, base_reference, report)
-        except BaseException:
-            # The engine's image under the cell's tag is not the product: nothing checked it.
-            remove_image(engine, reference)
-            raise
+        except UserError as refused:
+            result.intermediate = _untag_raw(engine, reference, raw_id)
+            result.state, result.detail = BuildState.FAILED, refused.line()
+            return result
         result.phases["normalize"] = time.monotonic() - mark
         result.phases.update({f"normalize.{name}": seconds for name, seconds in canonical.seconds.items()})
         result.seconds = time.monotonic() - started
@@ -259,6 +259,20 @@ def build_cell(
     result.image_id, result.size_bytes = ids.config_digest(engine, reference), int(image.attrs["Size"])
     result.state = BuildState.BUILT
     return _within_budget(engine, grid, cell, result)
+
+
+def _untag_raw(engine: docker.DockerClient, reference: str, raw_id: str) -> str:
+    """Take the cell's tag off the engine's image that the pass after the build failed on: it is
+    not the product (nothing checked it). Returns what is left of it for discard_intermediates
+    to remove with the run's other steps: the image, or its parent step where the tag was its
+    only name (the engine deletes such an image with its tag)."""
+    parent = str(engine.images.get(raw_id).attrs.get("Parent") or "")
+    engine.api.remove_image(reference, noprune=True)
+    try:
+        engine.images.get(raw_id)
+        return raw_id
+    except docker.errors.ImageNotFound:
+        return parent
 
 
 def _within_budget(engine: docker.DockerClient, grid: Matrix, cell: Cell, result: BuildResult) -> BuildResult:

@@ -99,16 +99,17 @@ def run(args: argparse.Namespace) -> int:
         chosen = grid.spec.publish.model_copy(update={"compression": args.compression})
         grid.spec = grid.spec.model_copy(update={"publish": chosen})
     cells, say = cells_of(args, grid), lambda text: console.print(text)
-    if args.key is not None and not (args.promote or args.gpu_test):
-        raise UserError("--key: only --promote and --gpu-test read reports from the registry; drop it here")
+    if args.key is not None and not (args.promote or args.gpu_test or args.prune_reports):
+        raise UserError(
+            "--key: only --promote, --gpu-test and --prune-reports read reports from the registry; drop it here"
+        )
     if args.staged_record is not None and not (args.stage or args.promote):
         raise UserError("--staged-record: --stage writes it and --promote reads it; drop it here")
     if args.prune_reports:
-        if args.key is not None or args.sign_key is not None or args.staged_record is not None:
-            raise UserError(
-                "--prune-reports reads and deletes reports only; drop --key, --sign-key and --staged-record"
-            )
-        prune.prune(registry_of(grid, args), grid, cells, say)
+        if args.sign_key is not None or args.staged_record is not None:
+            raise UserError("--prune-reports reads and deletes reports only; drop --sign-key and --staged-record")
+        # With --key, which passes the team signed is checked; without, any statement counts as signed.
+        prune.prune(registry_of(grid, args), grid, cells, say, trust.trust_key(args.key, None))
         return 0
     signer = provenance.load_signer(args.sign_key)
     key = trust.trust_key(args.key, signer)

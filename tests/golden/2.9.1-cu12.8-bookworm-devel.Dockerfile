@@ -69,16 +69,16 @@ ENV VIRTUAL_ENV=/opt/venv \
 #   numerics: numpy
 RUN python3 -m venv /opt/venv \
  && python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
-      http://127.0.0.1:8741/files/d6190d4aef350c03/hardlink-duplicates.py /opt/torch-images/hardlink-duplicates.py \
- && echo "d6190d4aef350c0303c2643033010f3910f89f0f0d92ee4b25ceabd4f5c4622e  /opt/torch-images/hardlink-duplicates.py" | sha256sum --check --quiet \
+      http://127.0.0.1:8741/files/4c68b236b6f5bc74/hardlink-duplicates.py /opt/torch-images/hardlink-duplicates.py \
+ && echo "4c68b236b6f5bc74179bd93c152d75cea2ba0fb007912052291c89c1e890494d  /opt/torch-images/hardlink-duplicates.py" | sha256sum --check --quiet \
  && python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
       http://127.0.0.1:8741/files/a3f382c8b7f98f1b/prune-paths.py /opt/torch-images/prune-paths.py \
  && echo "a3f382c8b7f98f1b29c295c3dafb80a8fda3b97a636dec4153b7c427e10c08b1  /opt/torch-images/prune-paths.py" | sha256sum --check --quiet \
  && python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
-      http://127.0.0.1:8741/locks/41d1b158d26c401d/requirements.cudnn.lock /tmp/requirements.cudnn.lock \
+      http://127.0.0.1:8741/locks/c1a293e54c137099/requirements.cudnn.lock /tmp/requirements.cudnn.lock \
  && echo "41d1b158d26c401d605f788dfda0c4cbe9ae8605b77cf8b25db0eb7f6bbd1f07  /tmp/requirements.cudnn.lock" | sha256sum --check --quiet \
  && pip install --no-index --no-cache-dir --require-hashes --no-deps \
-      --find-links http://127.0.0.1:8741/locks/41d1b158d26c401d/ \
+      --find-links http://127.0.0.1:8741/locks/c1a293e54c137099/ \
       -r /tmp/requirements.cudnn.lock \
  && python /opt/torch-images/prune-paths.py /opt/venv/lib/python3.11/site-packages \
       'triton/backends/amd/lib/libtriton_amd_codegen.so' \
@@ -90,13 +90,13 @@ RUN python3 -m venv /opt/venv \
       'sympy/**/tests' \
       'networkx/**/tests' \
       'mpmath/tests' \
- && python /opt/torch-images/hardlink-duplicates.py /opt/venv \
+ && python /opt/torch-images/hardlink-duplicates.py /opt/venv /tmp/requirements.cudnn.lock \
  && sh /opt/torch-images/settle-layer.sh
 RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
-      http://127.0.0.1:8741/locks/a9fcead92fe44d6e/requirements.cuda-runtime.lock /tmp/requirements.cuda-runtime.lock \
+      http://127.0.0.1:8741/locks/ce8c70c59a77ba47/requirements.cuda-runtime.lock /tmp/requirements.cuda-runtime.lock \
  && echo "a9fcead92fe44d6edb1cf7b1f4e6e84f1a89633e65cc0a838ff4711780042f1a  /tmp/requirements.cuda-runtime.lock" | sha256sum --check --quiet \
  && pip install --no-index --no-cache-dir --require-hashes --no-deps \
-      --find-links http://127.0.0.1:8741/locks/a9fcead92fe44d6e/ \
+      --find-links http://127.0.0.1:8741/locks/ce8c70c59a77ba47/ \
       -r /tmp/requirements.cuda-runtime.lock \
  && python /opt/torch-images/prune-paths.py /opt/venv/lib/python3.11/site-packages \
       'triton/backends/amd/lib/libtriton_amd_codegen.so' \
@@ -108,13 +108,13 @@ RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv
       'sympy/**/tests' \
       'networkx/**/tests' \
       'mpmath/tests' \
- && python /opt/torch-images/hardlink-duplicates.py /opt/venv \
+ && python /opt/torch-images/hardlink-duplicates.py /opt/venv /tmp/requirements.cuda-runtime.lock \
  && sh /opt/torch-images/settle-layer.sh
 RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
-      http://127.0.0.1:8741/locks/d6a689b0043929cc/requirements.triton.lock /tmp/requirements.triton.lock \
+      http://127.0.0.1:8741/locks/ffb0a4bf4f667733/requirements.triton.lock /tmp/requirements.triton.lock \
  && echo "d6a689b0043929ccfc5b00911077eb81c28f8baa19d581c8065f2bc74b114d1e  /tmp/requirements.triton.lock" | sha256sum --check --quiet \
  && pip install --no-index --no-cache-dir --require-hashes --no-deps \
-      --find-links http://127.0.0.1:8741/locks/d6a689b0043929cc/ \
+      --find-links http://127.0.0.1:8741/locks/ffb0a4bf4f667733/ \
       -r /tmp/requirements.triton.lock \
  && python /opt/torch-images/prune-paths.py /opt/venv/lib/python3.11/site-packages \
       'triton/backends/amd/lib/libtriton_amd_codegen.so' \
@@ -126,13 +126,13 @@ RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv
       'sympy/**/tests' \
       'networkx/**/tests' \
       'mpmath/tests' \
- && python /opt/torch-images/hardlink-duplicates.py /opt/venv \
+ && python /opt/torch-images/hardlink-duplicates.py /opt/venv /tmp/requirements.triton.lock \
  && sh /opt/torch-images/settle-layer.sh
 RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
-      http://127.0.0.1:8741/locks/73557a31ce109eb3/requirements.torch.lock /tmp/requirements.torch.lock \
+      http://127.0.0.1:8741/locks/b78747d7968d7ec3/requirements.torch.lock /tmp/requirements.torch.lock \
  && echo "73557a31ce109eb3313c38c41e6091940f3cf1597a18876379d5d514d499604a  /tmp/requirements.torch.lock" | sha256sum --check --quiet \
  && pip install --no-index --no-cache-dir --require-hashes --no-deps \
-      --find-links http://127.0.0.1:8741/locks/73557a31ce109eb3/ \
+      --find-links http://127.0.0.1:8741/locks/b78747d7968d7ec3/ \
       -r /tmp/requirements.torch.lock \
  && python /opt/torch-images/prune-paths.py /opt/venv/lib/python3.11/site-packages \
       'triton/backends/amd/lib/libtriton_amd_codegen.so' \
@@ -144,13 +144,13 @@ RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv
       'sympy/**/tests' \
       'networkx/**/tests' \
       'mpmath/tests' \
- && python /opt/torch-images/hardlink-duplicates.py /opt/venv \
+ && python /opt/torch-images/hardlink-duplicates.py /opt/venv /tmp/requirements.torch.lock \
  && sh /opt/torch-images/settle-layer.sh
 RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
-      http://127.0.0.1:8741/locks/1c8deb62769b9df6/requirements.numerics.lock /tmp/requirements.numerics.lock \
+      http://127.0.0.1:8741/locks/61b3f1b50ed7efa8/requirements.numerics.lock /tmp/requirements.numerics.lock \
  && echo "1c8deb62769b9df6ebc80442343b8281f3e929ecae6c6055fe6d5ca68d1b8220  /tmp/requirements.numerics.lock" | sha256sum --check --quiet \
  && pip install --no-index --no-cache-dir --require-hashes --no-deps \
-      --find-links http://127.0.0.1:8741/locks/1c8deb62769b9df6/ \
+      --find-links http://127.0.0.1:8741/locks/61b3f1b50ed7efa8/ \
       -r /tmp/requirements.numerics.lock \
  && python /opt/torch-images/prune-paths.py /opt/venv/lib/python3.11/site-packages \
       'triton/backends/amd/lib/libtriton_amd_codegen.so' \
@@ -162,12 +162,12 @@ RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv
       'sympy/**/tests' \
       'networkx/**/tests' \
       'mpmath/tests' \
- && python /opt/torch-images/hardlink-duplicates.py /opt/venv \
+ && python /opt/torch-images/hardlink-duplicates.py /opt/venv /tmp/requirements.numerics.lock \
  && sh /opt/torch-images/settle-layer.sh
 # What the stack is, for downstream `pip install` and for reading: the whole lock and what pip
 # says it installed. A layer of its own (a few KB), the only one every lock change moves.
 RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
-      http://127.0.0.1:8741/locks/f5bb8382c70c1820/requirements.lock /opt/torch-images/requirements.lock \
+      http://127.0.0.1:8741/locks/46f56f4273e67751/requirements.lock /opt/torch-images/requirements.lock \
  && echo "f5bb8382c70c182084fd2a53ea78b667fb9ac122e9b6df8ec7e8378daae752e0  /opt/torch-images/requirements.lock" | sha256sum --check --quiet \
  && pip freeze --all --exclude pip > /opt/torch-images/constraints.txt \
  && sh /opt/torch-images/settle-layer.sh
@@ -211,10 +211,10 @@ RUN mkdir -p /tmp/apt/lists/partial /tmp/apt/cache/archives/partial /tmp/apt/sou
  && apt-get -o Dir::Etc::SourceList=/tmp/apt/sources.list -o Dir::Etc::SourceParts=/tmp/apt/sources.list.d -o Dir::State::Lists=/tmp/apt/lists -o Dir::Cache=/tmp/apt/cache install -y --no-install-recommends --reinstall $owners \
  && sh /opt/torch-images/settle-layer.sh
 RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
-      http://127.0.0.1:8741/locks/4fdda47e74bc573b/flavor.lock /tmp/flavor.lock \
+      http://127.0.0.1:8741/locks/751baaafbf160da7/flavor.lock /tmp/flavor.lock \
  && echo "4fdda47e74bc573b7b68eb85e5339ca773161fae36ef4c0c4d517de4039ec265  /tmp/flavor.lock" | sha256sum --check --quiet \
  && pip install --no-index --no-cache-dir --require-hashes --no-deps \
-      --find-links http://127.0.0.1:8741/locks/4fdda47e74bc573b/ \
+      --find-links http://127.0.0.1:8741/locks/751baaafbf160da7/ \
       -r /tmp/flavor.lock \
  && python /opt/torch-images/prune-paths.py /opt/venv/lib/python3.11/site-packages \
       'triton/backends/amd/lib/libtriton_amd_codegen.so' \
@@ -227,7 +227,7 @@ RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv
       'networkx/**/tests' \
       'mpmath/tests' \
  && cp /tmp/flavor.lock /opt/torch-images/flavor.lock \
- && python /opt/torch-images/hardlink-duplicates.py /opt/venv \
+ && python /opt/torch-images/hardlink-duplicates.py /opt/venv /tmp/flavor.lock \
  && sh /opt/torch-images/settle-layer.sh
 # One CUDA tree made of links into the wheels: CUDA_HOME for torch.utils.cpp_extension,
 # with no second copy of any library.

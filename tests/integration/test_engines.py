@@ -21,7 +21,7 @@ import pytest
 from builder.engine import ids
 from builder.repro import recorded
 from tests.integration.conftest import REPO, BuiltCell, RunningRegistry
-from tests.support import docker29
+from tests.support import docker29, lowerlink
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
@@ -106,3 +106,14 @@ def test_publish_and_verify_from_docker_29s_containerd_store(
     # Publishing again finds the same image in the registry: nothing is pushed.
     again = _builder(engine29, *arguments, "publish", built.cell.name)
     assert again.returncode == 0 and "unchanged" in again.stdout + again.stderr, again.stdout[-2000:]
+
+
+def test_a_step_linking_a_lower_layers_file_reads_the_same_from_docker_29s_containerd_store(
+    engine29: docker29.Engine, built: BuiltCell
+) -> None:
+    if engine29.store != "containerd":
+        pytest.skip("the content store's reader is Docker 29's containerd store's")
+    image_id, source, said = lowerlink.build_and_normalize(_client(engine29), built.grid, built.cell)
+    assert (source, said) == ("containerd's content store", "linked")
+    if built.cell.name in lowerlink.RECORDED:  # test_copied_up_link ran on the host's engine first
+        assert image_id == lowerlink.RECORDED[built.cell.name]

@@ -768,8 +768,9 @@ def test_pruning_deletes_stale_reports_and_their_statements_and_never_a_failure(
     monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
 ) -> None:
     """Issue 39: every GPU run adds a report (and two signed statements) to a digest, up to the
-    cap the gates read. `publish --prune-reports` deletes another image's reports, junk, and a
-    device's older passes, with their signed statements and cosign-form layers; a failure stays."""
+    cap the gates read. `publish --prune-reports --key` deletes another image's passes, junk, and
+    a device's older passes that a newer pass the key verifies supersedes, with their signed
+    statements and cosign-form layers; a failure stays. Without the key, a signed pass stays."""
     private, public = _key_files(tmp_path / "team")
     signer = provenance.load_signer(private)
     assert signer is not None
@@ -799,6 +800,11 @@ def test_pruning_deletes_stale_reports_and_their_statements_and_never_a_failure(
 
     monkeypatch.chdir(tmp_path)
     argv = ["--matrix", str(built.grid.path), "publish", "--registry", running.host, "--prune-reports", built.cell.name]
+    assert cli.main(argv) == 0  # without the key: the older signed pass is not known to be superseded
+    assert sorted(r["time"] for r in reports.attached(api, "torch", subject.digest) if r["status"] == "pass") == sorted(
+        [newest["time"], "2020-01-01T00:00:00Z"]
+    )
+    argv += ["--key", str(public)]
     assert cli.main(argv) == 0
 
     left = reports.attached(api, "torch", subject.digest)

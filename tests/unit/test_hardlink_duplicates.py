@@ -51,10 +51,10 @@ def test_only_the_steps_own_identical_files_are_linked_and_the_layers_below_are_
 def test_a_file_pruned_after_pip_wrote_it_is_passed_over(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     site = venv / "lib" / "python3.11" / "site-packages"
-    _install(site, "step_pkg", {"a.so": LIBRARY, "b.so": LIBRARY, "tests/c.so": LIBRARY})
-    (site / "tests" / "c.so").unlink()
+    _install(site, "step_pkg", {"a.so": LIBRARY, "b.so": LIBRARY, "extra/c.so": LIBRARY})
+    (site / "extra" / "c.so").unlink()
     lock = tmp_path / "requirements.step.lock"
     lock.write_text("step-pkg==1.0 \\\n    --hash=sha256:" + "0" * 64 + "\n")
     _run(venv, lock)
     assert (site / "a.so").stat().st_ino == (site / "b.so").stat().st_ino
-    assert not (site / "tests" / "c.so").exists()
+    assert not (site / "extra" / "c.so").exists()

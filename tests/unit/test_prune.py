@@ -1,5 +1,6 @@
 """Which self-test reports `publish --prune-reports` deletes (builder/publish/prune.py): another
-image's, junk, and a device's older passes; never a failure of the image."""
+image's passes and a device's older passes, superseded only by a pass at least as trusted; never
+a failure, and never what does not prove itself this digest's own attachment."""
 
 from __future__ import annotations
 
@@ -8,13 +9,18 @@ from typing import Any
 import pytest
 
 from builder.assemble import smoke
-from builder.publish import prune
+from builder.publish import prune, reports
 
 IMAGE = "sha256:" + "a" * 64
+DIGEST = "sha256:" + "d" * 64
 
 
 def _report(device: str, time: str, status: str = "pass", image_id: str = IMAGE) -> dict[str, Any]:
     return {"image_id": image_id, "device": device, "time": time, "status": status}
+
+
+def _signed(report: dict[str, Any], verified: bool) -> prune._Statement:
+    return prune._Statement("sha256:s", "sha256:e", prune.provenance.SELFTEST, report, verified)
 
 
 @pytest.fixture(autouse=True)
@@ -32,26 +38,79 @@ def test_each_devices_newest_pass_stays_and_its_older_passes_go() -> None:
         prune._Attached("sha256:3", "d3", _report("NVIDIA H200", "2026-02-01T00:00:00Z")),
         prune._Attached("sha256:4", "d4", _report("NVIDIA H200", "2026-01-01T00:00:00Z")),
     ]
-    assert [a.artifact for a in prune._stale(attached, IMAGE)] == ["sha256:1", "sha256:4"]
+    assert [a.artifact for a in prune._stale(attached, IMAGE, [], keyed=False)] == ["sha256:1", "sha256:4"]
 
 
-def test_a_failure_of_the_image_is_never_pruned_but_another_images_report_and_junk_are() -> None:
+def test_a_failure_is_never_pruned_whosever_it_is_but_another_images_pass_is() -> None:
     attached = [
         prune._Attached("sha256:1", "d1", _report("NVIDIA H200", "2020-01-01T00:00:00Z", status="fail")),
         prune._Attached("sha256:2", "d2", _report("NVIDIA H200", "2026-01-01T00:00:00Z")),
         prune._Attached("sha256:3", "d3", _report("cpu", "2026-01-01T00:00:00Z", image_id="sha256:" + "b" * 64)),
-        prune._Attached("sha256:4", "", None),
+        prune._Attached("sha256:5", "d5", _report("H200", "2026-01-01T00:00:00Z", "fail", "sha256:" + "c" * 64)),
+        prune._Attached("sha256:4", "", None),  # proven attached here as a report, and none: junk
     ]
-    assert sorted(a.artifact for a in prune._stale(attached, IMAGE)) == ["sha256:3", "sha256:4"]
+    assert sorted(a.artifact for a in prune._stale(attached, IMAGE, [], keyed=False)) == ["sha256:3", "sha256:4"]
 
 
-def test_a_signed_statement_goes_only_with_the_report_it_is_about() -> None:
+def test_a_forged_newer_pass_does_not_supersede_a_signed_one() -> None:
+    genuine = _report("NVIDIA H200", "2026-01-01T00:00:00Z")
+    forged = _report("NVIDIA H200", "2030-01-01T00:00:00Z")
+    attached = [prune._Attached("sha256:1", "d1", genuine), prune._Attached("sha256:2", "d2", forged)]
+    # Without a key, a statement about the genuine pass keeps it; with one, only a verified newer pass goes over it.
+    assert prune._stale(attached, IMAGE, [_signed(genuine, False)], keyed=False) == []
+    assert prune._stale(attached, IMAGE, [_signed(genuine, True)], keyed=True) == []
+    newer_signed = [_signed(genuine, True), _signed(forged, True)]
+    assert [a.artifact for a in prune._stale(attached, IMAGE, newer_signed, keyed=True)] == ["sha256:1"]
+
+
+def test_a_signed_statement_goes_only_with_the_passing_report_it_is_about() -> None:
+    def about(kind: str, predicate: dict[str, Any], documents: set[str], gone: set[Any]) -> bool:
+        return prune._about_gone(prune._Statement("a", "e", kind, predicate, False), IMAGE, documents, gone)
+
     gone = {prune._identity(_report("cpu", "2026-01-01T00:00:00Z"))}
     same_time_other_image = _report("cpu", "2026-01-01T00:00:00Z", image_id="sha256:" + "b" * 64)
-    assert prune._about_gone(prune.provenance.SELFTEST, _report("cpu", "2026-01-01T00:00:00Z"), IMAGE, set(), gone)
-    assert not prune._about_gone(prune.provenance.SELFTEST, _report("cpu", "2026-02-01T00:00:00Z"), IMAGE, set(), gone)
-    assert prune._about_gone(prune.provenance.SELFTEST, same_time_other_image, IMAGE, set(), set())  # another image
-    result = {"configuration": [{"digest": {"sha256": "d1"}}]}
-    assert prune._about_gone(prune.provenance.TEST_RESULT, result, IMAGE, {"d1"}, set())
-    assert not prune._about_gone(prune.provenance.TEST_RESULT, result, IMAGE, {"d2"}, set())
-    assert not prune._about_gone(prune.provenance.PROVENANCE, {}, IMAGE, {"d1"}, gone)  # provenance never goes
+    assert about(prune.provenance.SELFTEST, _report("cpu", "2026-01-01T00:00:00Z"), set(), gone)
+    assert not about(prune.provenance.SELFTEST, _report("cpu", "2026-02-01T00:00:00Z"), set(), gone)
+    assert about(prune.provenance.SELFTEST, same_time_other_image, set(), set())  # another image's pass
+    failed_elsewhere = _report("cpu", "2026-01-01T00:00:00Z", "fail", "sha256:" + "b" * 64)
+    assert not about(prune.provenance.SELFTEST, failed_elsewhere, set(), set())  # a failure: never
+    result = {"result": "PASSED", "configuration": [{"digest": {"sha256": "d1"}}]}
+    assert about(prune.provenance.TEST_RESULT, result, {"d1"}, set())
+    assert not about(prune.provenance.TEST_RESULT, result, {"d2"}, set())
+    assert not about(prune.provenance.TEST_RESULT, {**result, "result": "FAILED"}, {"d1"}, set())
+    assert not about(prune.provenance.PROVENANCE, {}, {"d1"}, gone)  # provenance never goes
+
+
+class _Registry:
+    """Manifests as a registry would serve them; what is listed is only a hint."""
+
+    host = "127.0.0.1:5000"
+
+    def __init__(self, manifests: dict[str, Any]) -> None:
+        self.manifests = manifests
+
+    def artifact_manifest(self, repository: str, digest: str) -> dict[str, Any]:
+        if digest not in self.manifests:
+            raise prune.UserError("not served")
+        return self.manifests[digest]  # type: ignore[no-any-return]
+
+
+def _artifact(subject: str, kind: str = reports.SELFTEST_TYPE, layers: int = 1) -> dict[str, Any]:
+    layer = {"mediaType": kind, "digest": "sha256:" + "1" * 64}
+    return {"artifactType": kind, "layers": [layer] * layers, "subject": {"digest": subject}}
+
+
+@pytest.mark.parametrize(
+    ("manifest", "proven"),
+    [
+        (_artifact(DIGEST), True),
+        (_artifact("sha256:" + "e" * 64), False),  # another image's report, listed in this digest's tag
+        ({**_artifact(DIGEST), "subject": None}, False),  # names no subject: another cell's released image
+        (_artifact(DIGEST, "application/vnd.cyclonedx+json"), False),  # this image's SBOM, not a report
+        (None, False),  # listed, not served
+    ],
+)
+def test_only_a_manifest_that_names_this_digest_as_its_subject_is_proven(manifest: Any, proven: bool) -> None:
+    registry = _Registry({"sha256:x": manifest} if manifest is not None else {})
+    found = prune._proven_manifest(registry, "torch", "sha256:x", DIGEST, (reports.SELFTEST_TYPE,))  # type: ignore[arg-type]
+    assert (found is not None) == proven

@@ -12,7 +12,10 @@ from typing import Any
 
 import pytest
 
+from builder import paths
+from builder.assemble import backends
 from builder.engine import archive, canonical, ids
+from builder.plan import matrix
 from builder.repro import layers, manifests, normalize
 
 EPOCH = 1733097600
@@ -498,3 +501,29 @@ def test_buildkit_uses_only_a_cli_the_daemon_accepts_and_says_what_is_missing(
     assert isinstance(message, str) and "buildx plugin" in message and "apt-get install docker-buildx" in message
     monkeypatch.setattr(backends, "cli_candidates", lambda: [old, new_without_buildx, new_with_buildx])
     assert backends.buildkit_command(docker29) == ([new_with_buildx, "buildx", "build", "--load"], {})  # type: ignore[arg-type]
+
+
+def test_the_classic_builder_hands_back_each_finished_steps_image() -> None:
+    """After a failed step, the last of them holds the steps that succeeded, for the run to remove."""
+
+    class Api:
+        def build(self, **_: object) -> list[dict[str, str]]:
+            return [
+                {"stream": "Step 1/3 : FROM base\n"},
+                {"stream": " ---> 1a2b3c4d5e6f\n"},
+                {"stream": "Step 2/3 : RUN true\n"},
+                {"stream": " ---> Running in 99aa88bb77cc\n"},
+                {"stream": " ---> 2b3c4d5e6f70\n"},
+                {"stream": "Step 3/3 : RUN false\n"},
+                {"error": "The command '/bin/sh -c false' returned a non-zero code: 1"},
+            ]
+
+    class Engine:
+        api = Api()
+
+    grid = matrix.load_matrix(paths.PACKAGE.parent / "matrix.yaml")
+    request = backends.BuildRequest(grid.quick_cell, "torch-images/test:x", "base", EPOCH, True, {})
+    steps: list[str] = []
+    error = backends.classic_build(Engine(), request, lambda _: None, steps)  # type: ignore[arg-type]
+    assert "non-zero code" in error
+    assert steps == ["1a2b3c4d5e6f", "2b3c4d5e6f70"]

@@ -1,0 +1,186 @@
+"""The matrix sweep: every buildable cell built and self-tested in turn on one machine, each
+cell's images removed before the next (24 CUDA images do not fit one disk at once), and a record
+kept (images/sweep.json) from which docs/matrix.md is written. A rerun skips a cell whose build
+ID already passed, so an interrupted sweep goes on where it stopped."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import docker
+
+from builder import confined, jsonread, times
+from builder.assemble import build, size, smoke
+from builder.errors import UserError
+from builder.plan.cell import Cell
+from builder.plan.matrix import Matrix
+from builder.progress import Report
+from builder.wheelhouse import wheelhouse
+
+RECORD_NAME = "sweep.json"
+MAX_RECORD_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """One cell's last sweep: what was built, how big, how long, and what its self-test said."""
+
+    cell: str
+    platform: str
+    build_id: str
+    image_id: str
+    size_bytes: int
+    largest_layer_bytes: int
+    build_seconds: float
+    checks_passed: int
+    checks_total: int
+    status: str  # pass | fail | build failed
+    detail: str
+    engine: str
+    date: str  # YYYY-MM-DD, UTC
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "pass"
+
+
+def record_path(grid: Matrix) -> Path:
+    return grid.images_dir / RECORD_NAME
+
+
+def table_path(grid: Matrix) -> Path:
+    """docs/matrix.md beside the matrix's images/ folder."""
+    return grid.images_dir.parent / "docs" / "matrix.md"
+
+
+def read_record(path: Path) -> dict[str, SweepRow]:
+    """The record a sweep keeps, by cell; a record that is not one (edited by hand, cut short) is
+    one line naming the file."""
+    if not path.exists():
+        return {}
+    data = jsonread.loads(confined.read_bytes(path, MAX_RECORD_BYTES), str(path))
+    fields = set(SweepRow.__dataclass_fields__)
+    if not isinstance(data, dict) or not all(isinstance(v, dict) and set(v) == fields for v in data.values()):
+        raise UserError(f"is not a sweep record (an object of cells, each with {', '.join(sorted(fields))}); "
+                        "remove it and sweep again", path)  # fmt: skip
+    try:
+        return {name: SweepRow(**row) for name, row in data.items()}
+    except TypeError as error:
+        raise UserError(f"is not a sweep record ({error}); remove it and sweep again", path) from None
+
+
+def write_record(path: Path, rows: dict[str, SweepRow]) -> None:
+    text = json.dumps({name: asdict(rows[name]) for name in sorted(rows)}, indent=1, sort_keys=True) + "\n"
+    path.write_text(text)
+
+
+def engine_description(engine: docker.DockerClient) -> str:
+    """The engine as a row names it: its version and image store."""
+    info = engine.info()
+    store = "containerd store" if "containerd" in str(info.get("DriverStatus", "")) else info.get("Driver", "")
+    return f"Docker {engine.version().get('Version', '?')} ({store})"
+
+
+def sweep_cell(
+    engine: docker.DockerClient,
+    grid: Matrix,
+    cell: Cell,
+    house: wheelhouse.Wheelhouse,
+    report: Report,
+    engine_name: str,
+) -> SweepRow:
+    """Build and self-test one cell, then remove its images; the row says how it went."""
+    started = time.monotonic()
+    result = build.BuildResult(cell.name, build.local_reference(grid, cell))
+    try:
+        locks = build.preflight(cell, grid)
+        result = build.build_cell(engine, grid, locks, house, report, build.BuildOptions(no_cache=True))
+        verdict = smoke.run(engine, result.reference) if result.has_image else None
+    except UserError as error:
+        verdict, result.detail = None, error.line()
+    finally:
+        build.discard_intermediates(engine, [result])
+    largest = max((bytes_ for _, bytes_ in result.layers), default=0)
+    checks = verdict.report.get("checks", []) if verdict else []
+    row = SweepRow(
+        cell=cell.name,
+        platform=cell.platform,
+        build_id=result.build_id,
+        image_id=result.image_id,
+        size_bytes=result.size_bytes,
+        largest_layer_bytes=largest,
+        build_seconds=round(result.seconds or time.monotonic() - started, 1),
+        checks_passed=sum(1 for c in checks if c.get("status") == "pass"),
+        checks_total=len(checks),
+        status=verdict.status if verdict else "build failed",
+        detail=(verdict.summary if verdict else result.detail)[:300],
+        engine=engine_name,
+        date=times.iso_utc(int(time.time()))[:10],
+    )
+    build.remove_image(engine, result.reference)
+    return row
+
+
+def sweep(
+    engine: docker.DockerClient, grid: Matrix, cells: list[Cell], house: wheelhouse.Wheelhouse, report: Report
+) -> dict[str, SweepRow]:
+    """Sweep the cells in turn, writing the record and the table after each; returns the record."""
+    path = record_path(grid)
+    rows = read_record(path)
+    engine_name = engine_description(engine)
+    for number, cell in enumerate(cells, 1):
+        step = f"[{number}/{len(cells)}] {cell.name}"
+        previous = rows.get(cell.name)
+        if (
+            previous is not None
+            and previous.passed
+            and previous.build_id == _current_build_id(engine, grid, cell, house)
+        ):
+            report(f"{step}: passed at build ID {previous.build_id[:12]} already; skipped")
+            continue
+        report(f"{step}: building without cache, then self-testing")
+        rows[cell.name] = sweep_cell(engine, grid, cell, house, report, engine_name)
+        report(f"{step}: {rows[cell.name].status} ({rows[cell.name].detail})")
+        write_record(path, rows)
+        table_path(grid).write_text(table(grid, rows))
+    table_path(grid).write_text(table(grid, rows))
+    return rows
+
+
+def _current_build_id(engine: docker.DockerClient, grid: Matrix, cell: Cell, house: wheelhouse.Wheelhouse) -> str:
+    """The cell's build ID now (its base obtained if missing), or "" where its inputs are refused."""
+    try:
+        return build.cell_build_id(engine, grid, build.preflight(cell, grid), lambda _: None, house)[1]
+    except UserError:
+        return ""
+
+
+def table(grid: Matrix, rows: dict[str, SweepRow]) -> str:
+    """docs/matrix.md: every cell of the matrix, with its last sweep where it has one."""
+    current = {cell.name: cell for cell in grid.cells}
+    lines = [
+        "# The matrix, built and self-tested",
+        "",
+        "Written by `python -m builder sweep` (`./nox -s sweep`) from `images/sweep.json`; do not edit. Each",
+        "row is the cell's last sweep on one machine: built without cache, self-tested in the image (no GPU",
+        "there: the GPU checks are skipped), then removed before the next cell. A build ID other than",
+        "the cell's current one means its inputs moved since: sweep again.",
+        "",
+        "| cell | platform | build ID | image ID | size | largest layer | build | self-test | engine | date |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in sorted(set(current) | set(rows)):
+        row = rows.get(name)
+        if row is None:
+            lines.append(f"| {name} | {current[name].platform} | not swept | | | | | | | |")
+            continue
+        verdict = f"{row.status}, {row.checks_passed}/{row.checks_total}" if row.checks_total else row.status
+        lines.append(
+            f"| {name} | {row.platform} | {row.build_id[:12]} | {row.image_id[7:19]} | {size.human(row.size_bytes)} "
+            f"| {size.human(row.largest_layer_bytes)} | {row.build_seconds:.0f} s | {verdict} | {row.engine} "
+            f"| {row.date} |"
+        )
+    return "\n".join(lines) + "\n"

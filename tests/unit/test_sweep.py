@@ -1,0 +1,49 @@
+"""The matrix sweep's record (images/sweep.json) and the table written from it (docs/matrix.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from builder import paths
+from builder.assemble import sweep
+from builder.errors import UserError
+from builder.plan import matrix
+
+ROW = sweep.SweepRow(
+    cell="2.15.0-cu13.2-bookworm-runtime", platform="linux/amd64", build_id="af245e4ecc8cdb1b776c2175008c64ab",
+    image_id="sha256:" + "f5" * 32, size_bytes=5_440_000_000, largest_layer_bytes=1_410_000_000, build_seconds=178.2,
+    checks_passed=12, checks_total=14, status="pass", detail="12/14 checks passed", engine="Docker 20.10.24 (overlay2)",
+    date="2026-12-06",
+)  # fmt: skip
+
+
+def test_the_record_reads_back_what_it_wrote(tmp_path: Path) -> None:
+    path = tmp_path / "sweep.json"
+    sweep.write_record(path, {ROW.cell: ROW})
+    assert sweep.read_record(path) == {ROW.cell: ROW}
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[]", '{"a": 1}', json.dumps({"a": {**dataclasses.asdict(ROW), "extra": 1}}), "{", "\x00"],
+)
+def test_a_record_that_is_not_one_is_one_line_naming_the_file(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "sweep.json"
+    path.write_text(text)
+    with pytest.raises(UserError) as caught:
+        sweep.read_record(path)
+    assert str(path) in caught.value.line() and "\n" not in caught.value.line()
+
+
+def test_the_table_lists_every_cell_swept_or_not_with_its_checks() -> None:
+    grid = matrix.load_matrix(paths.PACKAGE.parent / "matrix.yaml")
+    text = sweep.table(grid, {ROW.cell: ROW})
+    rows = [line for line in text.splitlines() if line.startswith("| 2.")]
+    assert len(rows) == len(grid.cells)
+    flagship = next(line for line in rows if line.startswith(f"| {ROW.cell} |"))
+    assert "af245e4ecc8c" in flagship and "pass, 12/14" in flagship and "178 s" in flagship
+    assert sum("not swept" in line for line in rows) == len(grid.cells) - 1
