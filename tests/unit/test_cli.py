@@ -170,7 +170,9 @@ def test_update_refreshes_then_locks_then_renders_reading_the_matrix_after_the_r
 def test_a_trust_key_where_nothing_reads_registry_reports_is_refused_before_anything_runs(tmp_path: Path) -> None:
     """`--key` gates promote and the GPU stage; on a plain publish or --stage it would do nothing."""
     result = _builder("publish", "--stage", "--key", str(tmp_path / "team.pub"))
-    assert result.returncode == 2 and "--key: only --promote, --gpu-test and --prune-reports read reports" in result.stderr
+    assert (
+        result.returncode == 2 and "--key: only --promote, --gpu-test and --prune-reports read reports" in result.stderr
+    )
     assert "Traceback" not in result.stderr
 
 
