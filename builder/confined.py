@@ -68,9 +68,10 @@ def read_bytes(path: Path, limit: int | None = None) -> bytes:
                 "is a symbolic link; the builder reads no file through a link: put the file itself here", path
             ) from None
         raise UserError(f"cannot read: {error.strerror}", path) from None
+    if not stat.S_ISREG(os.fstat(handle).st_mode):  # before fdopen, which refuses a folder with a traceback
+        os.close(handle)
+        raise UserError("is not a regular file", path)
     with os.fdopen(handle, "rb") as file:
-        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
-            raise UserError("is not a regular file", path)
         data = file.read() if limit is None else file.read(limit + 1)
     if limit is not None and len(data) > limit:
         raise UserError(f"is larger than {limit} bytes, the most such a file may hold", path)

@@ -11,7 +11,9 @@ from rich.console import Console
 
 # C0 controls but tab, DEL, and C1 controls (ESC starts a terminal sequence; CR and LF would let
 # a name write lines of its own).
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+# Unicode's own line and paragraph separators, and the bidirectional overrides and isolates that
+# reorder what a terminal shows (a name could seem to say another thing), are escaped too.
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 # `user:password@` at the start of a reference or URL (a digest's `@` comes after a `/`).
@@ -26,6 +28,15 @@ def without_password(text: str) -> str:
 def printable(text: str) -> str:
     """`text` with each control character written as its escape (\\x1b, \\n)."""
     return _CONTROL.sub(lambda found: repr(found.group())[1:-1], text)
+
+
+def quoted(text: object, limit: int = 120) -> str:
+    """Text from a report or a registry, for a line of the builder's own: in double quotes, cut at
+    `limit` characters, its quotes, backslashes and control characters escaped, so it can neither
+    end its line nor seem to be the builder's words."""
+    value = str(text)
+    cut = value[:limit] + ("..." if len(value) > limit else "")
+    return '"' + printable(cut.replace("\\", "\\\\").replace('"', '\\"')) + '"'
 
 
 class SafeConsole(Console):

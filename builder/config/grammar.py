@@ -51,7 +51,10 @@ REGISTRY_REF = Grammar(
 TAG = Grammar(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}", "at most 128 of A-Z a-z 0-9 _ . - (not starting with . or -)")
 # A CI runner label (GitHub's runs-on, GitLab's tags): plain name characters, nothing a workflow
 # or a shell reads as syntax.
-ACTION = Grammar(r"[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}", "a GitHub action as owner/repository")
+# A repository is never `.` or `..` (`actions/..` would name the owner's folder in a `uses:` path).
+ACTION = Grammar(
+    r"[A-Za-z0-9][A-Za-z0-9-]{0,38}/(?!\.{1,2}$)[A-Za-z0-9._-]{1,100}", "a GitHub action as owner/repository"
+)
 ACTION_VERSION = Grammar(r"v[0-9]+(\.[0-9]+){0,2}", "a release tag such as v4.2.2")
 COMMIT = Grammar(r"[0-9a-f]{40}", "a commit: 40 lower-case hex digits (a tag can be moved; a commit cannot)")
 RUNNER_LABEL = Grammar(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", "a runner label such as self-hosted or gpu")
@@ -69,7 +72,8 @@ DEBIAN_VERSION = Grammar(r"([0-9]+:)?[0-9][A-Za-z0-9.+~-]*", "a Debian version s
 DEBIAN_ARCHITECTURE = Grammar(r"amd64|arm64", 'a Debian architecture: "amd64" or "arm64"')
 # A .deb's path in a Debian or Ubuntu archive, as its Packages index names it (Filename:).
 DEBIAN_POOL_PATH = Grammar(
-    r"pool/(?!.*\.\.)[A-Za-z0-9+._~-]+(/[A-Za-z0-9+._~%-]+)*\.deb",
+    # `%` only as the archive escapes an epoch's colon (`%3a`): an escaped dot or slash could climb.
+    r"pool/(?!.*\.\.)(?!.*%(?!3[aA]))[A-Za-z0-9+._~-]+(/[A-Za-z0-9+._~%-]+)*\.deb",
     "an archive path such as pool/main/g/gcc-12/gcc-12_12.2.0-14_amd64.deb",
 )
 # PEP 503 normalized names and PEP 440 public or local versions, as a lock writes them.

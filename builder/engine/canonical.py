@@ -109,11 +109,14 @@ class Gunzip(io.RawIOBase):
                 if not self.pending:
                     return 0
                 break
-            self.pending = self.inflate.decompress(chunk)
-            while self.inflate.eof and self.inflate.unused_data:  # concatenated gzip members
-                rest = self.inflate.unused_data
-                self.inflate = zlib.decompressobj(wbits=31)
-                self.pending += self.inflate.decompress(rest)
+            try:
+                self.pending = self.inflate.decompress(chunk)
+                while self.inflate.eof and self.inflate.unused_data:  # concatenated gzip members
+                    rest = self.inflate.unused_data
+                    self.inflate = zlib.decompressobj(wbits=31)
+                    self.pending += self.inflate.decompress(rest)
+            except zlib.error as error:
+                raise UserError(f"a layer's gzip stream is corrupt ({error})") from None
         count = min(len(buffer), len(self.pending))
         buffer[:count], self.pending = self.pending[:count], self.pending[count:]
         return count
@@ -137,6 +140,34 @@ def _number(field: bytes) -> int:
 
 def _text(field: bytes) -> str:
     return field.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+
+
+# The one extended attribute an image layer carries (file capabilities: ping, newuidmap); the
+# overlay2 folders' reader keeps only it too. Others (trusted.overlay.*, user.*) are the engine's
+# or the build host's, not the image's.
+KEPT_XATTRS = ("security.capability",)
+KEPT_PAX_XATTRS = tuple(XATTR + name for name in KEPT_XATTRS)
+
+
+def _pax_number(records: dict[str, bytes], key: str, name: str) -> int:
+    """A pax record's number (a time may have a fraction): a non-negative finite value, else one
+    line naming the entry."""
+    text = records[key].decode("ascii", "replace").strip()
+    try:
+        value = float(text) if key == "mtime" else int(text)
+    except ValueError:
+        raise UserError(f"layer entry {name!r}: its pax {key} {text[:40]!r} is not a number") from None
+    if value != value or value in (float("inf"), float("-inf")) or (value < 0 and key != "mtime"):
+        raise UserError(f"layer entry {name!r}: its pax {key} {text[:40]!r} is not a number an entry can have")
+    return int(value)
+
+
+def _checked_name(name: str, what: str = "name") -> str:
+    """A member name inside the layer's tree: relative, no `..` component (a hostile tar could
+    climb out of it on extraction)."""
+    if name.startswith("/") or ".." in name.split("/"):
+        raise UserError(f"layer entry {name[:200]!r}: its {what} leaves the layer's tree")
+    return name
 
 
 def _pax_records(data: bytes) -> dict[str, bytes]:
@@ -205,24 +236,29 @@ def entries(source: IO[bytes], epoch: int) -> Iterator[tuple[Entry, DataReader |
             pax["linkpath"].decode("utf-8", "surrogateescape") if "linkpath" in pax else _text(header[157:257])
         )
         if "size" in pax:
-            size = int(pax["size"])
+            size = _pax_number(pax, "size", name)
         kind = REGULAR if kind == b"\0" or kind == b"7" else kind
         if kind not in KINDS:
             raise UserError(f"layer entry {name!r} has tar type {kind!r}, which no image layer needs")
-        mtime = int(float(pax["mtime"])) if "mtime" in pax else _number(header[136:148])
+        mtime = _pax_number(pax, "mtime", name) if "mtime" in pax else _number(header[136:148])
+        uid = _pax_number(pax, "uid", name) if "uid" in pax else _number(header[108:116])
+        gid = _pax_number(pax, "gid", name) if "gid" in pax else _number(header[116:124])
+        if uid < 0 or gid < 0 or size < 0:  # base-256 fields can say so; an owner of -1 is nobody's
+            raise UserError(f"layer entry {name!r}: a negative owner or size ({uid}:{gid}, {size})")
         entry = Entry(
-            name=name.removeprefix("./").strip("/"),
+            name=_checked_name(name.removeprefix("./").strip("/")),
             kind=kind,
             mode=_number(header[100:108]) & 0o7777,
-            uid=int(pax["uid"]) if "uid" in pax else _number(header[108:116]),
-            gid=int(pax["gid"]) if "gid" in pax else _number(header[116:124]),
+            uid=uid,
+            gid=gid,
             mtime=min(mtime, epoch),
             size=size if kind == REGULAR else 0,
-            linkname=linkname.removeprefix("./") if kind == HARDLINK else linkname if kind == SYMLINK else "",
+            linkname=_checked_name(linkname.removeprefix("./"), "hard link's target") if kind == HARDLINK
+            else linkname if kind == SYMLINK else "",
             devmajor=_number(header[329:337]) if kind in (CHARDEV, BLOCKDEV) else 0,
             devminor=_number(header[337:345]) if kind in (CHARDEV, BLOCKDEV) else 0,
-            xattrs={k[len(XATTR) :]: v for k, v in pax.items() if k.startswith(XATTR)},
-        )
+            xattrs={key[len(XATTR) :]: v for key, v in pax.items() if key in KEPT_PAX_XATTRS},
+        )  # fmt: skip
         pax, long_name, long_link = {}, None, None
         if kind != REGULAR and size:  # a link or directory with data: skip it
             _read_exactly(source, size)
@@ -351,6 +387,15 @@ class LowerTree:
         node = self.find(entry.name)
         return node is not None and node.metadata is not None and node.metadata[:-1] == entry.metadata()[:-1]
 
+    def kind_of(self, name: str) -> bytes | None:
+        """The kind of entry the layers below hold at `name`, or None."""
+        node = self.find(name)
+        if node is None:
+            return None
+        if node.metadata is None:
+            return DIRECTORY
+        return node.metadata[0]
+
     def unchanged(self, entry: Entry, sha256: str = "") -> bool:
         node = self.find(entry.name)
         return node is not None and node.metadata == entry.metadata(sha256)
@@ -430,6 +475,7 @@ def write_layer(stream: Iterator[tuple[Entry, DataReader | None]], sink: IO[byte
     written: list[tuple[Entry, str]] = []
     dropped_files: set[str] = set()
     dropped_targets: set[str] = set()
+    written_kinds: dict[str, bytes] = {}  # this layer's names so far, by kind: what a hard link may name
     previous: tuple[bytes, ...] = ()
     dropped = 0
     for entry, data in stream:
@@ -438,11 +484,16 @@ def write_layer(stream: Iterator[tuple[Entry, DataReader | None]], sink: IO[byte
             raise OutOfOrder(entry.name)
         previous = key
         parent, _, base = entry.name.rpartition("/")
+        written_kinds[entry.name] = entry.kind
         if base == OPAQUE and not lower.holds_anything_under(parent):
             dropped += 1
             continue
-        if entry.kind == HARDLINK and entry.linkname in dropped_files:
-            dropped_targets.add(entry.linkname)
+        if entry.kind == HARDLINK:
+            target = written_kinds.get(entry.linkname) or lower.kind_of(entry.linkname)
+            if target not in (REGULAR, HARDLINK):  # a directory, a link to one, or nothing at all
+                raise UserError(f"layer entry {entry.name!r} is a hard link to {entry.linkname!r}, which is no file")
+            if entry.linkname in dropped_files:
+                dropped_targets.add(entry.linkname)
         content: IO[bytes] | None = data  # type: ignore[assignment]
         sha256 = ""
         kept = entry.name in keep
@@ -500,6 +551,9 @@ def in_walk_order(found: list[tuple[Entry, Opener | None]]) -> Iterator[tuple[En
     """Entries gathered in any order, in walk order. A hard link whose target sorts after it
     carries the data instead, so every link follows its target."""
     by_name = {entry.name: (entry, opener) for entry, opener in found}
+    for entry, _ in found:  # a link to a link names the file the chain ends at
+        if entry.kind == HARDLINK:
+            entry.linkname = _chain_end(entry, by_name)
     heads: dict[str, str] = {}
     for entry, opener in sorted(found, key=lambda item: item[0].key):
         if entry.kind == HARDLINK and entry.linkname in by_name:
@@ -529,6 +583,17 @@ def link_group_members(found: list[tuple[Entry, Opener | None]]) -> frozenset[st
         if entry.kind == HARDLINK and entry.linkname in names
         for name in (entry.name, entry.linkname)
     )
+
+
+def _chain_end(link: Entry, by_name: dict[str, tuple[Entry, Opener | None]]) -> str:
+    seen = {link.name}
+    target = link.linkname
+    while target in by_name and by_name[target][0].kind == HARDLINK:
+        if target in seen:
+            raise UserError(f"layer entry {link.name!r}: its hard links go round in a circle")
+        seen.add(target)
+        target = by_name[target][0].linkname
+    return target
 
 
 def rewrite_gathered(found: list[tuple[Entry, Opener | None]], target: Path, lower: LowerTree) -> CanonicalLayer:

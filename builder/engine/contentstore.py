@@ -104,25 +104,43 @@ def read_image(engine: docker.DockerClient, reference: str, blobs: Path) -> Stor
         manifest = _document(blobs, chosen) if chosen else None
         if manifest is None:
             return None
-    config_digest = str((manifest.get("config") or {}).get("digest"))
+    config_digest = str(_object(manifest.get("config")).get("digest"))
     config = _bytes(blobs, config_digest)
-    layers = [_blob(blobs, str(layer.get("digest"))) for layer in manifest.get("layers") or []]
+    listed = manifest.get("layers")
+    if not isinstance(listed, list):
+        raise _damaged(str(descriptor.get("digest")), "its manifest's layers are not a list")
+    layers = [_blob(blobs, str(_object(layer).get("digest"))) for layer in listed]
     if config is None or any(layer is None for layer in layers):
         return None
     return StoredImage(config, [layer for layer in layers if layer is not None])
 
 
+def _object(value: object) -> dict[str, Any]:
+    """A JSON object of the store's documents, or an empty one where something else stands."""
+    return value if isinstance(value, dict) else {}
+
+
+def _damaged(digest: str, what: str) -> UserError:
+    return UserError(f"containerd's content store: {digest[:19]}: {what}; the image is not one an engine wrote")
+
+
 def _platform_manifest(index: dict[str, Any], architecture: str, os_name: str) -> str | None:
-    for entry in index.get("manifests") or []:
-        platform = entry.get("platform") or {}
+    entries = index.get("manifests")
+    for entry in entries if isinstance(entries, list) else []:
+        platform = _object(_object(entry).get("platform"))
         if platform.get("architecture") == architecture and platform.get("os") == os_name:
-            return str(entry.get("digest"))
+            return str(_object(entry).get("digest"))
     return None
 
 
 def _blob(blobs: Path, digest: str) -> Blob | None:
+    """The blob's file: a regular file named by the digest, never through a link."""
     path = blobs / digest.removeprefix("sha256:") if DIGEST.fullmatch(digest) else None
-    return Blob(digest, path) if path is not None and path.is_file() else None
+    if path is None or not path.exists():
+        return None
+    if path.is_symlink() or not path.is_file():
+        raise _damaged(digest, "its blob is not a regular file (a link, say)")
+    return Blob(digest, path)
 
 
 def _bytes(blobs: Path, digest: str) -> bytes | None:

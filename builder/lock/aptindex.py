@@ -176,14 +176,20 @@ def archive_index(base: BaseImage) -> Index:
 
 def _suite_packages(base: BaseImage, mirror: str, suite: str, scratch: Path, source: str) -> Index:
     found: Index = {}
-    # Ubuntu's security suites: no Valid-Until, so their Date is held to SECURITY_INDEX_MAX_AGE_S
-    release = signed_release(base, suite, scratch, mirror, age_limited=bool(source) and base.distro == "ubuntu")
+    release = signed_release(base, suite, scratch, mirror, age_limited=is_age_limited(base, suite, source))
     for component in base.components:
         if source and listed_sha256(release, f"{component}/binary-{base.arch}/Packages.xz") is None:
             continue  # a security suite may carry fewer components than the release
         with lzma.open(_packages_file(base, suite, component, release, mirror)) as xz:
             found.update(parse_packages(xz.read().decode(), source))
     return found
+
+
+def is_age_limited(base: BaseImage, suite: str, source: str) -> bool:
+    """Ubuntu's security suites state no Valid-Until, so their Date is held to
+    SECURITY_INDEX_MAX_AGE_S: the security archive read as such, and a `-security` suite read
+    among the base's own (jammy-security in `extra_suites`), alike."""
+    return base.distro == "ubuntu" and (bool(source) or suite.endswith("-security"))
 
 
 def suite_index(base: BaseImage, mirror: str, suite: str) -> Index:

@@ -134,7 +134,8 @@ class Advisory:
 def read_osv(folder: Path, warn: Callable[[str], None] = lambda _: None) -> list[Advisory]:
     """Every PyPI advisory in an OSV export (one JSON record per file, as osv.dev's downloads
     give them). A file that is not an OSV record is one line to `warn`, naming it, and the rest
-    still count; withdrawn records are left out."""
+    still count; one that cannot be read whole (a link, over the cap, unreadable) is a UserError
+    naming it; withdrawn records are left out."""
     if not folder.is_dir():
         raise UserError(f"--osv {folder}: not a folder; give a folder of OSV records (*.json)")
     files = sorted(folder.rglob("*.json"))
@@ -142,9 +143,11 @@ def read_osv(folder: Path, warn: Callable[[str], None] = lambda _: None) -> list
         raise UserError(f"--osv {folder}: {len(files)} files, more than {MAX_OSV_FILES}; give the PyPI export only")
     advisories = []
     for path in files:
-        data = path.read_bytes()[: MAX_OSV_BYTES + 1]
+        # A file that cannot be read whole (a link, over the cap, unreadable) refuses the audit:
+        # counting it as no advisory would report a clean lock that was never checked.
+        data = confined.read_bytes(path, MAX_OSV_BYTES)
         try:
-            record = json.loads(data) if len(data) <= MAX_OSV_BYTES else None
+            record = json.loads(data)
             advisories += list(_advisories(record))
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
             warn(f"{path}: not an OSV record (id, affected[].package, ranges); left out, the others still count")

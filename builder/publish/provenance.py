@@ -64,6 +64,7 @@ MAX_KEY_BYTES = 64 << 10
 # What a gate reads of one digest's envelopes: a provenance and a report per device that ran it.
 MAX_ENVELOPES = 32
 MAX_ENVELOPE_BYTES = 4 << 20
+MAX_VERIFIED = 256  # attestations read to learn what a digest already carries signed
 
 
 @dataclass(frozen=True)
@@ -424,6 +425,21 @@ def builder_version() -> str:
         return metadata.version("torch-images")
     except metadata.PackageNotFoundError:
         return "unknown"
+
+
+def verified_kinds(registry: Any, repository: str, digest: str, image_id: str, key: SSlibKey) -> set[str]:
+    """The predicate types of the statements `key` signed about exactly this digest and image ID:
+    what a digest carries, decided by verifying envelopes, never by what annotations claim."""
+    kinds = set()
+    for entry in attested(registry, repository, digest)[:MAX_VERIFIED]:
+        artifact_type = str(entry.get("artifactType", BUNDLE_TYPE))
+        try:
+            document = registry.artifact(repository, str(entry.get("digest", "")), MAX_ENVELOPE_BYTES)
+            statement = verified_statement(document, artifact_type, key, digest, image_id)
+        except UserError:
+            continue
+        kinds.add(str(statement.get("predicateType")))
+    return kinds
 
 
 def attested(registry: Any, repository: str, digest: str) -> list[dict[str, Any]]:

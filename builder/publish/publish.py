@@ -14,6 +14,7 @@ An image whose tags and aliases already point at its digest is left alone.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import html
 import json
 import re
@@ -178,13 +179,49 @@ def _config_digest(manifest: Manifest) -> str | None:
 
 
 ARTIFACT_TYPES = {"sbom": "application/vnd.cyclonedx+json", "selftest": reports.SELFTEST_TYPE}
+MAX_LISTED = 256  # referrers of one type read for the builder's own artifact; more is someone's flood
 
 
-def missing_artifacts(registry: Registry, grid: Matrix, item: Publication) -> list[str]:
-    """Which of the image's SBOM and self-test report the registry lacks, attached to its
-    digest: a publish is complete only when the image and both are there."""
-    attached = registry.attached(grid.spec.repository, item.digest)
-    return [kind for kind, media_type in ARTIFACT_TYPES.items() if media_type not in attached]
+def missing_artifacts(registry: Registry, grid: Matrix, item: Publication, documents: dict[str, bytes]) -> list[str]:
+    """Which of the image's SBOM and self-test report (`documents`: the bytes the builder made
+    for each kind) the registry lacks, attached to its digest: a publish is complete only when
+    both are there. An artifact counts only when it proves to be these bytes attached to this
+    digest: another party's SBOM listed first is not the image's SBOM."""
+    return [
+        kind
+        for kind, media_type in ARTIFACT_TYPES.items()
+        if not _carries(registry, grid.spec.repository, item.digest, media_type, documents[kind])
+    ]
+
+
+def _carries(registry: Registry, repository: str, digest: str, media_type: str, payload: bytes) -> bool:
+    """Whether an artifact whose manifest names `digest` as its subject carries exactly `payload`."""
+    wanted = "sha256:" + hashlib.sha256(payload).hexdigest()
+    for entry in registry.referrers(repository, digest, media_type)[:MAX_LISTED]:
+        try:
+            manifest = registry.artifact_manifest(repository, str(entry.get("digest", "")))
+        except UserError:
+            continue
+        subject, layer = manifest.get("subject"), manifest["layers"][0]
+        proven = isinstance(subject, dict) and subject.get("digest") == digest
+        if proven and isinstance(layer, dict) and layer.get("digest") == wanted:
+            return True
+    return False
+
+
+def made_documents(engine: docker.DockerClient, item: Publication) -> dict[str, bytes]:
+    """The SBOM and self-test report the builder attaches to the item, as the bytes it pushes and
+    signs: made here from the engine's image and the cell's locks, never read back from a registry."""
+    key = (item.image_id, item.tag, item.cell.name)
+    if key not in _made_sboms:  # one image's SBOM is made once a run (it runs dpkg-query in the image)
+        locks = [p for p in (item.cell.directory / lock.STACK_LOCK, item.cell.directory / lock.FLAVOR_LOCK)
+                 if p.exists()]  # fmt: skip
+        document = sbom.build_sbom(engine, ids.engine_id(engine, item.image_id), item.cell, locks, item.tag)
+        _made_sboms[key] = json.dumps(document, sort_keys=True).encode()
+    return {"sbom": _made_sboms[key], "selftest": reports.document_bytes(item.report)}
+
+
+_made_sboms: dict[tuple[str, str, str], bytes] = {}
 
 
 def _subject(registry: Registry, grid: Matrix, item: Publication) -> Manifest:
@@ -195,13 +232,15 @@ def _subject(registry: Registry, grid: Matrix, item: Publication) -> Manifest:
 
 
 def attach_attestations(
-    registry: Registry, grid: Matrix, item: Publication, signer: CryptoSigner, report: Report
-) -> None:
-    """Signed provenance and a signed statement of each report the item carries, for what the
-    digest lacks (a rerun with a key signs an image published without one)."""
+    engine: docker.DockerClient, registry: Registry, grid: Matrix, item: Publication, signer: CryptoSigner,
+    report: Report,
+) -> None:  # fmt: skip
+    """Signed provenance, a signed statement of each report the item carries, and its SBOM signed,
+    for what the digest lacks (a rerun with a key signs an image published without one). What is
+    signed is only what the builder made: the SBOM it makes from the image, the reports it holds.
+    What the digest already has is what the key verifies about it, never what annotations say."""
     repository = grid.spec.repository
-    have = {str(e.get("annotations", {}).get(provenance.PREDICATE_ANNOTATION)) for e in
-            provenance.attested(registry, repository, item.digest)}  # fmt: skip
+    have = provenance.verified_kinds(registry, repository, item.digest, item.image_id, signer.public_key)
     subject = _subject(registry, grid, item)
     about = provenance.Subject(f"{grid.spec.registry}/{repository}", item.digest, item.image_id, item.build_id)
     signed = []
@@ -214,18 +253,16 @@ def attach_attestations(
             if found:
                 provenance.attach_report(registry, repository, subject, item.target, about, found, signer)
                 signed.append(f"{smoke.report_kind(found)} self-test")
-    if provenance.CYCLONEDX not in have:
-        sboms = registry.referrers(repository, item.digest, ARTIFACT_TYPES["sbom"])
-        if sboms:  # the SBOM attached beside the image, signed as CycloneDX and as SPDX 2.3
-            cyclonedx = registry.artifact(repository, str(sboms[0]["digest"]))
-            namespace = f"https://torch-images.invalid/spdx/{item.digest}"
-            for predicate_type, document, name in (
-                (provenance.CYCLONEDX, cyclonedx, "sbom.cdx"),
-                (provenance.SPDX, sbom.spdx_of(cyclonedx, namespace), "sbom.spdx"),
-            ):
-                statement = provenance.sbom_statement(about, predicate_type, document)
-                provenance.attach(registry, repository, subject, f"{item.target}.{name}.att", statement, signer)
-            signed.append("SBOM (CycloneDX, SPDX)")
+    if provenance.CYCLONEDX not in have:  # the SBOM the builder made and attached, as CycloneDX and as SPDX 2.3
+        cyclonedx = jsonread.loads(made_documents(engine, item)["sbom"], "the SBOM")
+        namespace = f"https://torch-images.invalid/spdx/{item.digest}"
+        for predicate_type, document, name in (
+            (provenance.CYCLONEDX, cyclonedx, "sbom.cdx"),
+            (provenance.SPDX, sbom.spdx_of(cyclonedx, namespace), "sbom.spdx"),
+        ):
+            statement = provenance.sbom_statement(about, predicate_type, document)
+            provenance.attach(registry, repository, subject, f"{item.target}.{name}.att", statement, signer)
+        signed.append("SBOM (CycloneDX, SPDX)")
     decisions = [d for d in vex.load(grid.path) if d.applies_to(item.cell.name)]
     if decisions and provenance.OPENVEX not in have:
         python_packages = set(audit.locked_wheels(item.cell))
@@ -235,25 +272,22 @@ def attach_attestations(
         signed.append(f"VEX ({len(decisions)} not affected)")
     if signed:
         report(f"signed and attached {', '.join(signed)} to {item.target} ({item.digest[:19]})")
+    else:
+        report(f"signed nothing for {item.target} ({item.digest[:19]}): it carries every statement, each verified "
+               "with the key")  # fmt: skip
 
 
 def _push_metadata(
-    engine: docker.DockerClient, registry: Registry, grid: Matrix, item: Publication, kinds: list[str]
+    registry: Registry, grid: Matrix, item: Publication, kinds: list[str], documents: dict[str, bytes]
 ) -> None:
     subject = _subject(registry, grid, item)
     annotations = {"org.opencontainers.image.ref.name": item.tag, "io.torch-images.build-id": item.build_id}
-    documents: dict[str, object] = {}
-    if "sbom" in kinds:
-        locks = [
-            p for p in (item.cell.directory / lock.STACK_LOCK, item.cell.directory / lock.FLAVOR_LOCK) if p.exists()
-        ]
-        documents["sbom"] = sbom.build_sbom(engine, ids.engine_id(engine, item.image_id), item.cell, locks, item.tag)
     if "selftest" in kinds:
         reports.attach(registry, grid.spec.repository, subject, item.target, item.report, item.build_id, item.tag)
-    for kind, document in documents.items():
+    if "sbom" in kinds:
         registry.push_artifact(
-            grid.spec.repository, f"{item.target}.{kind}", json.dumps(document, sort_keys=True).encode(),
-            ARTIFACT_TYPES[kind], annotations, subject,
+            grid.spec.repository, f"{item.target}.sbom", documents["sbom"], ARTIFACT_TYPES["sbom"], annotations,
+            subject,
         )  # fmt: skip
 
 
@@ -374,7 +408,7 @@ def publish(
     for item in items:
         attach_missing(engine, registry, grid, item, report)
         if signer is not None:
-            attach_attestations(registry, grid, item, signer, report)
+            attach_attestations(engine, registry, grid, item, signer, report)
     multiarch.push_indexes(registry, grid, items, report)
     finish(registry, grid, items, report, records_dir, readme)
     return items
@@ -385,10 +419,11 @@ def attach_missing(
 ) -> None:
     """Attach what the image's digest lacks; also for an image already there, so a publish cut
     short before its artifacts is finished by the next run."""
-    missing = missing_artifacts(registry, grid, item)
+    documents = made_documents(engine, item)
+    missing = missing_artifacts(registry, grid, item, documents)
     if missing:
         report(f"attaching {', '.join(missing)} to {item.target} ({item.digest[:19]})")
-        _push_metadata(engine, registry, grid, item, missing)
+        _push_metadata(registry, grid, item, missing, documents)
         item.attached = missing
     if grid.spec.publish.soci and item.compression == "gzip" and soci.attached(registry, grid, item) is None:
         soci.attach_index(registry, grid.spec.repository, item.digest, soci.tools(engine), report)

@@ -106,7 +106,7 @@ def stage(
     for item in items:
         publish.attach_missing(engine, registry, grid, item, report)
         if signer is not None:
-            publish.attach_attestations(registry, grid, item, signer, report)
+            publish.attach_attestations(engine, registry, grid, item, signer, report)
     for cell in (c for c in cells if c not in local):
         items += [
             _stage_published(engine, registry, grid, cell, run, compression, report)

@@ -25,7 +25,7 @@ from builder.oci.registry import DIGEST, IMAGE_TYPES, INDEX_TYPES, Manifest, Reg
 from builder.plan.matrix import Matrix
 from builder.publish import provenance, reports, soci
 from builder.publish.publish import ARTIFACT_TYPES
-from builder.terminal import without_password
+from builder.terminal import quoted, without_password
 
 CELL_LABEL, CUDA_LABEL = "io.torch-images.cell", "io.torch-images.cuda"
 MAX_ARTIFACTS = 64  # an SBOM and a report per machine that ran the self-test, with room to spare
@@ -206,10 +206,10 @@ def _check_reports(artifacts: list[Artifact], found: ImageFindings, gpu_gate: st
         checks: list[Any] = found_checks if isinstance(found_checks, list) else []
         passed = sum(1 for c in checks if isinstance(c, dict) and c.get("status") == "pass")
         device = found_device if isinstance(found_device, str) else "?"
-        where = f"{smoke.report_kind(report)} report on {device[:120]}"
+        where = f"{smoke.report_kind(report)} report on {quoted(device)}"
         if why is not None:
-            found.lines.append(f"{where}: NOT a pass ({why})")
-            found.problems.append(f"{where}: {why}")
+            found.lines.append(f"{where}: NOT a pass ({quoted(why, 300)})")
+            found.problems.append(f"{where}: {quoted(why, 300)}")
             continue
         text = f"{where}: pass, {passed}/{len(checks)} checks passed"
         if smoke.report_kind(report) == "gpu":
@@ -217,14 +217,14 @@ def _check_reports(artifacts: list[Artifact], found: ImageFindings, gpu_gate: st
             if gpu_why is None:
                 passing_gpu = True
                 figures = smoke.gpu_figures(report)
-                text += f"; sm {figures['capability']}, driver {figures['driver']}, " + (
+                text += f"; sm {quoted(figures['capability'], 20)}, driver {quoted(figures['driver'], 40)}, " + (
                     f"bf16 matmul {figures['matmul_bf16_fraction_of_peak']:.0%} of peak"
                     if figures["gated"] and figures["matmul_bf16_fraction_of_peak"] is not None
                     else "not gated (no datasheet peak for this device)"
                 )
             else:
-                text += f"; not a GPU pass ({gpu_why})"
-                found.problems.append(f"{where}: {gpu_why}")
+                text += f"; not a GPU pass ({quoted(gpu_why, 300)})"
+                found.problems.append(f"{where}: {quoted(gpu_why, 300)}")
         found.lines.append(text)
     if gpu_gate == "required" and not passing_gpu:
         found.problems.append("no passing GPU self-test, which this CUDA image's tags require")
@@ -303,15 +303,17 @@ def _check_attestations(
         elif predicate_type == provenance.SELFTEST:
             why = smoke.why_not_a_pass(predicate, found.image_id)
             if why is not None:
-                found.problems.append(f"{where}: the signed report is not a pass ({why})")
+                found.problems.append(f"{where}: the signed report is not a pass ({quoted(why, 300)})")
                 continue
             kind = "gpu" if smoke.why_not_a_gpu_pass(predicate, found.image_id) is None else "cpu"
             kinds.add(f"{kind} self-test")
-            found.lines.append(f"signed {kind} self-test on {str(predicate.get('device'))[:120]}: pass")
+            found.lines.append(f"signed {kind} self-test on {quoted(predicate.get('device'))}: pass")
         elif predicate_type == provenance.OPENVEX:
             statements = predicate.get("statements")
             named = [s.get("vulnerability", {}).get("name") for s in statements or [] if isinstance(s, dict)]
-            found.lines.append(f"signed VEX: not affected by {', '.join(str(n)[:40] for n in named[:10]) or 'nothing'}")
+            found.lines.append(
+                f"signed VEX: not affected by {', '.join(quoted(n, 40) for n in named[:10]) or 'nothing'}"
+            )
         elif predicate_type in (provenance.CYCLONEDX, provenance.SPDX):
             components = (
                 predicate.get("components") if predicate_type == provenance.CYCLONEDX else predicate.get("packages")
@@ -324,8 +326,8 @@ def _check_attestations(
             notes = first.get("annotations") if isinstance(first, dict) else None
             notes = notes if isinstance(notes, dict) else {}
             found.lines.append(
-                f"signed test result ({provenance.TEST_RESULT}): {str(predicate.get('result'))[:20]}, "
-                f"{str(notes.get('kind'))[:8]} on {str(notes.get('device'))[:120]}"
+                f"signed test result ({provenance.TEST_RESULT}): {quoted(predicate.get('result'), 20)}, "
+                f"{quoted(notes.get('kind'), 8)} on {quoted(notes.get('device'))}"
             )
     needed = {
         "provenance": "provenance" in kinds,

@@ -157,7 +157,7 @@ def test_the_emitted_github_workflow_runs_as_a_hosted_runner_from_install_to_pro
     [found] = verify.verify(api, verify.parse_reference(f"{running.host}/torch:{cell.tag}"), grid, public)
     assert found.problems == [] and found.image_id == image_id
     assert any(line.startswith("signed provenance: 2 locks match this checkout") for line in found.lines)
-    assert any(line.startswith("cpu report on cpu: pass") for line in found.lines)
+    assert any(line.startswith('cpu report on "cpu": pass') for line in found.lines)
     steps = "\n".join(log)
     assert "installed mmdebstrap with sudo apt-get" in steps
     assert "bootstrapping debian bookworm (amd64) from its" in steps  # as root, through sudo

@@ -408,7 +408,7 @@ def test_reports_sit_side_by_side_a_cpu_report_cannot_pass_a_gpu_gate_and_verify
     out = captured.out
     assert f"-> {promoted.digest}" in out and "SBOM: attached" in out
     assert "verified (unsigned: what is attached was checked, not who attached it" in captured.err
-    assert out.count("cpu report on cpu: pass") == 2 and "PROBLEM" not in out
+    assert out.count('cpu report on "cpu": pass') == 2 and "PROBLEM" not in out
 
     # A SOCI index (as `publish.soci` or `soci push` attaches it for lazy pulling: several zTOC
     # layers, its own type) is named as such, and another tool's referrer is named and not read:
@@ -509,7 +509,7 @@ def test_a_signed_publish_verifies_with_its_key_and_every_tampering_fails_in_one
     code, out = verify_with(public)
     assert code == 0, out
     assert "verified (signed: each attestation above was checked against the key" in out and str(public) in out
-    assert "signed provenance: 2 locks match this checkout" in out and "signed cpu self-test on cpu: pass" in out
+    assert "signed provenance: 2 locks match this checkout" in out and 'signed cpu self-test on "cpu": pass' in out
     # GitHub's artifact attestation (ci.github_attestations) sits beside ours: a bundle signed
     # keyless, with a certificate as its verification material. No key verifies it, and it is
     # neither a problem nor counted: verify names it and says what checks it.
@@ -876,3 +876,40 @@ def test_publish_soci_attaches_an_index_by_which_a_node_starts_the_image_lazily(
         start = lazy.first_start(tmp_path / "node", registry.ca, f"{registry.host}/torch:{built.cell.tag}", plain)
     assert start.lazy_layers >= 1, start
     assert "tensor([2., 2.])" in start.output
+
+
+def test_a_third_partys_sbom_attached_first_is_neither_taken_for_the_images_nor_signed(
+    built: BuiltCell,
+    smoke_result: smoke.SmokeResult,
+    start_registry,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    """Issue 47: with push rights alone, a party attached its own SBOM to the image before the
+    team's signing run; publish took it for the image's SBOM and the team's key signed it. The
+    key signs only the SBOM the builder makes, and publish attaches that one beside the other."""
+    private, public = _key_files(tmp_path / "team")
+    running = start_registry()
+    [item] = _publish(built, running, tmp_path, monkeypatch)  # unsigned: the image and its own SBOM
+    api, sbom_type = running.api(), publish.ARTIFACT_TYPES["sbom"]
+    subject = api.manifest("torch", built.cell.tag)
+    assert subject is not None
+    [ours] = api.referrers("torch", subject.digest, sbom_type)
+    api.delete_manifest("torch", str(ours["digest"]))  # as if the party came before it
+    api.drop_from_referrers_tag("torch", subject.digest, {str(ours["digest"])})
+    forged = {"bomFormat": "CycloneDX", "specVersion": "1.6", "components": [{"name": "trust-me", "version": "1"}]}
+    api.push_artifact("torch", "forged.sbom", json.dumps(forged).encode(), sbom_type, {}, subject)
+
+    _publish(built, running, tmp_path, monkeypatch, provenance.load_signer(private))
+    listed = api.referrers("torch", subject.digest, sbom_type)
+    documents = [api.artifact("torch", str(entry["digest"])) for entry in listed]
+    assert len(documents) == 2 and forged in documents  # the party's stays; the image's own is back beside it
+    key = provenance.load_public_key(public)
+    signed = [
+        provenance.verified_statement(api.artifact("torch", str(e["digest"])), str(e["artifactType"]), key,
+                                      subject.digest, item.image_id)
+        for e in provenance.attested(api, "torch", subject.digest)
+    ]  # fmt: skip
+    [cyclonedx] = [s["predicate"] for s in signed if s["predicateType"] == provenance.CYCLONEDX]
+    assert cyclonedx != forged and cyclonedx in documents
+    assert all(c.get("name") != "trust-me" for c in cyclonedx["components"])

@@ -224,3 +224,31 @@ def test_update_security_is_all_or_nothing_a_failure_puts_every_lock_back(
     with pytest.raises(UserError, match=r"999\.0 has no files with sha256"):
         audit.apply_fixes(grid, [cell], advisories, lambda line: None)
     assert {p: p.read_bytes() for p in cell.directory.glob("*.lock")} == before
+
+
+@pytest.mark.parametrize("how", ["link", "over the cap", "unreadable"])
+def test_an_osv_file_that_cannot_be_read_whole_refuses_the_audit_naming_it(tmp_path: Path, how: str) -> None:
+    """Issue 47: such a file was left out silently and audit said 0 findings: it failed open."""
+    shutil.copy(OSV / "GHSA-cpwx-vrp4-4pq7.json", tmp_path / "good.json")
+    odd = tmp_path / "odd.json"
+    if how == "link":
+        odd.symlink_to(tmp_path / "good.json")
+    elif how == "over the cap":
+        odd.write_bytes(b" " * (audit.MAX_OSV_BYTES + 1))
+    else:
+        odd.mkdir()  # a folder named like a record: no file to read
+    with pytest.raises(UserError) as caught:
+        audit.read_osv(tmp_path)
+    assert "odd.json" in caught.value.line() and "\n" not in caught.value.line()
+
+
+def test_an_ubuntu_security_suite_among_the_bases_own_suites_is_held_to_the_age_limit() -> None:
+    """Issue 47: jammy-security read through `extra_suites` (not as the security archive) took an
+    index dated two years back, since the age limit applied only to the security archive."""
+    grid = load_matrix(REPO / "matrix.yaml")
+    ubuntu = next(cell.base for cell in grid.cells if cell.base.distro == "ubuntu")
+    debian = next(cell.base for cell in grid.cells if cell.base.distro == "debian")
+    assert aptindex.is_age_limited(ubuntu, "jammy-security", "")
+    assert aptindex.is_age_limited(ubuntu, "noble-security", "security")
+    assert not aptindex.is_age_limited(ubuntu, "jammy", "")  # a release suite: dated once, valid for years
+    assert not aptindex.is_age_limited(debian, "bookworm-security", "security")  # states its Valid-Until

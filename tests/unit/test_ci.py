@@ -262,6 +262,15 @@ def test_an_action_pinned_by_a_movable_name_is_refused_in_one_line(entry: str, s
     assert says in str(refused.value) and "github-actions.yaml:2" in str(refused.value)
 
 
+@pytest.mark.parametrize("name", ["actions/..", "actions/."])
+def test_an_action_named_as_a_relative_folder_is_refused_in_one_line(name: str, tmp_path: Path) -> None:
+    path = tmp_path / "github-actions.yaml"
+    path.write_text(f"actions:\n  {name}: {{version: v4, commit: {'a' * 40}}}\n")
+    with pytest.raises(UserError) as refused:
+        actions.load(path)
+    assert "owner/repository" in str(refused.value) and "github-actions.yaml:2" in str(refused.value)
+
+
 def test_githubs_attestations_are_opt_in_and_attest_each_staged_manifest_with_its_own_permissions(
     grid,  # type: ignore[no-untyped-def]
     tmp_path: Path,

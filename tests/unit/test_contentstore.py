@@ -113,3 +113,47 @@ def test_an_engine_without_the_containerd_store_is_not_searched() -> None:
             return {"DriverStatus": [["Backing Filesystem", "extfs"]], "Containerd": {"Address": "/run/x.sock"}}
 
     assert contentstore.locate(Overlay2()) is None  # type: ignore[arg-type]
+
+
+def _manifest_descriptor(blobs: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "digest": _put(blobs, json.dumps(manifest).encode()),
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+    }
+
+
+@pytest.mark.parametrize(
+    "manifest",
+    [
+        {"config": [], "layers": "sha256:abc"},  # string layers
+        {"config": ["not", "an", "object"], "layers": []},  # a list for a config: nothing to read
+        {"mediaType": "application/vnd.oci.image.index.v1+json", "manifests": ["sha256:x", 7]},  # string entries
+    ],
+)
+def test_a_store_document_of_the_wrong_shape_is_one_line_or_nothing_never_a_traceback(
+    tmp_path: Path, manifest: dict[str, Any]
+) -> None:
+    blobs = tmp_path / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+    try:
+        found = contentstore.read_image(FakeEngine(_manifest_descriptor(blobs, manifest)), "x", blobs)  # type: ignore[arg-type]
+    except UserError as error:
+        assert "\n" not in error.line() and "content store" in error.line()
+    else:
+        assert found is None
+
+
+def test_a_blob_that_is_a_link_is_refused_not_followed(store, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    blobs, descriptor, layers = store
+    outside = tmp_path / "outside"
+    (blobs / layers[0].removeprefix("sha256:")).rename(outside)
+    (blobs / layers[0].removeprefix("sha256:")).symlink_to(outside)
+    with pytest.raises(UserError, match="not a regular file"):
+        contentstore.read_image(FakeEngine(descriptor), "x", blobs)  # type: ignore[arg-type]
+
+
+def test_a_corrupt_gzip_layer_is_one_line(tmp_path: Path) -> None:
+    corrupt = _layer("a", b"x" * 1000)[:20] + b"\xff" * 100
+    with pytest.raises(UserError, match="gzip stream is corrupt"):
+        canonical.rewrite_layer(lambda: io.BufferedReader(io.BytesIO(corrupt)), tmp_path / "out.tar",
+                                canonical.LowerTree(), 0)  # fmt: skip

@@ -15,6 +15,7 @@ import pytest
 from builder import paths
 from builder.assemble import backends
 from builder.engine import archive, canonical, ids
+from builder.errors import UserError
 from builder.plan import matrix
 from builder.repro import layers, manifests, normalize
 
@@ -527,3 +528,65 @@ def test_the_classic_builder_hands_back_each_finished_steps_image() -> None:
     error = backends.classic_build(Engine(), request, lambda _: None, steps)  # type: ignore[arg-type]
     assert "non-zero code" in error
     assert steps == ["1a2b3c4d5e6f", "2b3c4d5e6f70"]
+
+
+def _pax_tar(name: str, records: dict[str, str], kind: bytes = tarfile.REGTYPE, link: str = "") -> bytes:
+    """One entry with raw pax records, as a hostile or odd writer may make it."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as out:
+        info = tarfile.TarInfo(name)
+        info.type, info.linkname = kind, link
+        info.pax_headers = records
+        out.addfile(info, io.BytesIO(b"") if kind == tarfile.REGTYPE else None)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("layer", "says"),
+    [
+        (_pax_tar("a", {"mtime": "nan"}), "pax mtime 'nan'"),
+        (_pax_tar("a", {"mtime": "inf"}), "pax mtime 'inf'"),
+        (_pax_tar("a", {"uid": "root"}), "pax uid 'root' is not a number"),
+        (_pax_tar("a", {"uid": "-1"}), "pax uid '-1'"),
+        (_pax_tar("../etc/passwd", {}), "leaves the layer's tree"),
+        (_pax_tar("usr/../../etc", {}), "leaves the layer's tree"),
+        (_pax_tar("x", {}, tarfile.LNKTYPE, "../../etc/shadow"), "hard link's target leaves"),
+    ],
+)
+def test_an_entry_no_engine_writes_is_one_line_not_a_traceback_nor_root(layer: bytes, says: str) -> None:
+    with pytest.raises(UserError) as refused:
+        rewrite(layer)
+    assert says in refused.value.line() and "\n" not in refused.value.line()
+
+
+def test_a_hard_link_to_a_directory_is_refused() -> None:
+    with pytest.raises(UserError, match="which is no file"):
+        rewrite(engine_tar([("etc", "dir", "", 1), ("etc-link", "link", "etc", 1)]))
+
+
+def test_only_file_capabilities_are_kept_of_a_tars_extended_attributes() -> None:
+    """The overlay2 folders' reader keeps security.capability alone; the tar readers must agree."""
+    layer = _pax_tar(
+        "ping",
+        {"SCHILY.xattr.security.capability": "cap", "SCHILY.xattr.trusted.overlay.origin": "x",
+         "SCHILY.xattr.user.note": "y"},
+    )  # fmt: skip
+    _, data = rewrite(layer)
+    with tarfile.open(fileobj=io.BytesIO(data)) as opened:
+        [member] = opened.getmembers()
+    assert {k for k in member.pax_headers if k.startswith("SCHILY.xattr.")} == {"SCHILY.xattr.security.capability"}
+
+
+DATA = b"data"
+
+
+def test_a_chain_of_hard_links_gathered_out_of_order_keeps_every_names_content(tmp_path: Path) -> None:
+    found: list[tuple[canonical.Entry, canonical.Opener | None]] = [
+        (canonical.Entry("a", canonical.HARDLINK, 0o644, 0, 0, 1, linkname="b"), None),  # a -> b -> c
+        (canonical.Entry("b", canonical.HARDLINK, 0o644, 0, 0, 1, linkname="c"), None),
+        (canonical.Entry("c", canonical.REGULAR, 0o644, 0, 0, 1, 4), lambda: canonical.DataReader(io.BytesIO(DATA), 4)),
+    ]  # fmt: skip
+    canonical.rewrite_gathered(found, tmp_path / "layer.tar", canonical.LowerTree())
+    with tarfile.open(tmp_path / "layer.tar") as opened:
+        opened.extractall(tmp_path / "root", filter="tar")
+    assert [(tmp_path / "root" / n).read_bytes() for n in "abc"] == [b"data"] * 3

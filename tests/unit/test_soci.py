@@ -135,6 +135,7 @@ def test_without_soci_on_path_the_pinned_package_for_this_machine_is_fetched_and
     ("edit", "needle"),
     [
         (("pool/main/g/golang-github-awslabs-soci-snapshotter/", "pool/../../etc/"), "tools.yaml"),
+        (("pool/main/g/golang-github-awslabs-soci-snapshotter/", "pool/%2e%2e/%2E%2E/etc/"), "tools.yaml"),
         (("sha256: 987a1c", "sha256: 987A1C"), "64 lower-case hex digits"),
         (("      arm64:", "      s390x:"), "amd64"),
     ],
