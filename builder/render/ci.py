@@ -83,11 +83,22 @@ def workflow(grid: Matrix, system: str, registry: str | None = None, names: list
         "actions": pinned_actions(),
         "schedule_file": GITLAB_SCHEDULE_FILE,
         "github_attestations": grid.spec.ci.github_attestations,
+        # promote waits for every job before it: the GPU stage, and GitHub's attestations when asked
+        "promote_needs": "[" + ", ".join(_promote_needs(grid, chosen)) + "]",
         # the manifests each cell job stages: gzip always, and the zstd form where the matrix adds it
         "forms": ["gzip", "zstd"] if grid.spec.publish.compression == "zstd" else ["gzip"],
     }
     render.check_values(values, "ci")
     return render.environment().get_template(f"ci/{system}.yml.j2").render(values)
+
+
+def _promote_needs(grid: Matrix, chosen: list[Cell]) -> list[str]:
+    needs = ["cell"]
+    if gpu_jobs(grid, chosen):
+        needs.append("gpu")
+    if grid.spec.ci.github_attestations:
+        needs.append("attest")
+    return needs
 
 
 def pinned_actions() -> dict[str, str]:

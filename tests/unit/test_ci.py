@@ -66,7 +66,7 @@ def test_cells_from_an_index_are_jobs_and_a_cell_of_local_wheels_only_when_named
     assert promote[promote.index("--run") + 6 :] == [job["cell"] for job in jobs]
     named = yaml.safe_load(ci.workflow(grid, "github", names=local))
     assert [job["cell"] for job in named["jobs"]["cell"]["strategy"]["matrix"]["include"]] == local
-    assert "gpu" not in named["jobs"] and named["jobs"]["promote"]["needs"] == "cell"  # CPU cells: no GPU stage
+    assert "gpu" not in named["jobs"] and named["jobs"]["promote"]["needs"] == ["cell"]  # CPU cells: no GPU stage
 
 
 def test_every_cell_job_installs_what_it_needs_caches_by_its_locks_and_builds_with_the_users_session(grid) -> None:  # type: ignore[no-untyped-def]
@@ -275,8 +275,10 @@ def test_githubs_attestations_are_opt_in_and_attest_each_staged_manifest_with_it
     grid,  # type: ignore[no-untyped-def]
     tmp_path: Path,
 ) -> None:
-    """Issue 37: GitHub's artifact attestations, behind ci.github_attestations: the cell job gets
-    the permissions they need (and only it), and each staged form's digest becomes a subject."""
+    """Issue 37: GitHub's artifact attestations, behind ci.github_attestations, each staged form's
+    digest a subject. Issue 47: id-token: write only in a job of its own that runs GitHub's attest
+    action and nothing of the checkout's, never in the job that builds (any of its steps could
+    mint the repository's OIDC token)."""
     plain = yaml.safe_load(ci.workflow(grid, "github"))
     assert "permissions" not in plain["jobs"]["cell"] and "actions/attest@" not in ci.workflow(grid, "github")
     assert plain["permissions"] == {"contents": "read", "packages": "write"}
@@ -290,16 +292,19 @@ def test_githubs_attestations_are_opt_in_and_attest_each_staged_manifest_with_it
     checked = _validate("github", text, tmp_path)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     jobs = yaml.safe_load(text)["jobs"]
-    assert jobs["cell"]["permissions"] == {
+    assert jobs["attest"]["permissions"] == {
         "contents": "read", "packages": "write", "id-token": "write", "attestations": "write",
         "artifact-metadata": "write",
     }  # fmt: skip
-    assert "permissions" not in jobs["promote"] and "permissions" not in jobs["gpu"]
-    steps = jobs["cell"]["steps"]
-    stage = next(i for i, s in enumerate(steps) if "--stage" in s.get("run", ""))
+    assert [name for name, job in jobs.items() if "id-token" in str(job.get("permissions"))] == ["attest"]
+    assert jobs["attest"]["needs"] == "cell" and "attest" in jobs["promote"]["needs"]
+    steps = jobs["attest"]["steps"]
+    assert not any("nox" in s.get("run", "") or "pip" in s.get("run", "") for s in steps)  # nothing installed
+    assert not any(s.get("uses", "").startswith(("actions/checkout@", "actions/setup-python@")) for s in steps)
+    assert not any(s.get("uses", "").startswith("actions/attest@") for s in jobs["cell"]["steps"])
     digests = next(i for i, s in enumerate(steps) if s.get("id") == "staged")
     attests = [i for i, s in enumerate(steps) if s.get("uses", "").startswith("actions/attest@")]
-    assert stage < digests < attests[0] and len(attests) == 2
+    assert digests < attests[0] and len(attests) == 2
     subjects = [steps[i]["with"] for i in attests]
     assert [s["subject-digest"] for s in subjects] == [
         "${{ steps.staged.outputs.gzip }}", "${{ steps.staged.outputs.zstd }}"
@@ -310,7 +315,7 @@ def test_githubs_attestations_are_opt_in_and_attest_each_staged_manifest_with_it
 def test_the_staged_digests_step_reads_the_records_publish_writes(grid, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """The step's shell, run on records as `publish --stage --staged-record` writes them."""
     grid.spec = grid.spec.model_copy(update={"ci": grid.spec.ci.model_copy(update={"github_attestations": True})})
-    steps = yaml.safe_load(ci.workflow(grid, "github"))["jobs"]["cell"]["steps"]
+    steps = yaml.safe_load(ci.workflow(grid, "github"))["jobs"]["attest"]["steps"]
     script = next(s for s in steps if s.get("id") == "staged")["run"]
     staged = tmp_path / "staged"
     staged.mkdir()
