@@ -62,9 +62,9 @@ COSIGN_PREDICATE_ANNOTATION = "dev.sigstore.bundle.predicateType"  # cosign's, a
 KEY_ENVIRONMENT = "TORCH_IMAGES_SIGNING_KEY"  # a PEM private key, for CI's secret store
 MAX_KEY_BYTES = 64 << 10
 # What a gate reads of one digest's envelopes: a provenance and a report per device that ran it.
-MAX_ENVELOPES = 32
 MAX_ENVELOPE_BYTES = 4 << 20
 MAX_VERIFIED = 256  # attestations read to learn what a digest already carries signed
+MAX_SIGNATURES = 16  # signatures on one envelope: the team's among a few others
 
 
 @dataclass(frozen=True)
@@ -367,19 +367,26 @@ def pae(payload_type: str, payload: bytes) -> bytes:
 def verify_envelope(document: dict[str, Any], key: SSlibKey) -> dict[str, Any]:
     """The statement inside a DSSE envelope that `key` signed; UserError (one line) otherwise.
     The signature is checked by securesystemslib and, independently, by `cryptography` over PAE."""
+    if not isinstance(document, dict) or not {"payload", "payloadType", "signatures"} <= document.keys():
+        raise UserError("not a DSSE envelope")
+    payload_type = document["payloadType"]
+    if payload_type != PAYLOAD_TYPE:
+        raise UserError(f"the envelope's payload is {str(payload_type)[:60]!r}, not an in-toto statement")
     try:
-        document = copy.deepcopy(document)  # from_dict consumes what it reads
-        # Each signature is checked against `key`, whatever key ID it claims (a bundle's claim none).
-        document["signatures"] = [{**s, "keyid": key.keyid} for s in document["signatures"]]
-        envelope = dsse.Envelope.from_dict(document)
+        signatures = document["signatures"]
+        if not isinstance(signatures, list) or not signatures or len(signatures) > MAX_SIGNATURES:
+            raise ValueError
+        # Each signature on its own, checked against `key` whatever key ID it claims (a bundle's
+        # claim none): an envelope the team signed stays the team's when others sign it too.
+        envelopes = [
+            dsse.Envelope.from_dict(copy.deepcopy({**document, "signatures": [{**s, "keyid": key.keyid}]}))
+            for s in signatures
+        ]
     except (KeyError, TypeError, ValueError, AttributeError):
         raise UserError("not a DSSE envelope") from None
-    if envelope.payload_type != PAYLOAD_TYPE:
-        raise UserError(f"the envelope's payload is {str(envelope.payload_type)[:60]!r}, not an in-toto statement")
-    try:
-        envelope.verify([key], 1)
-    except VerificationError:
-        raise UserError("its signature does not verify with the given key") from None
+    envelope = next((e for e in envelopes if _verifies(e, key)), None)
+    if envelope is None:
+        raise UserError("its signature does not verify with the given key")
     if not _independently_signed(envelope, key):
         raise UserError("its signature does not verify with the given key (second check)")
     try:
@@ -392,6 +399,14 @@ def verify_envelope(document: dict[str, Any], key: SSlibKey) -> dict[str, Any]:
     if not isinstance(statement, dict):
         raise UserError("its payload is not a valid in-toto statement")
     return statement
+
+
+def _verifies(envelope: dsse.Envelope, key: SSlibKey) -> bool:
+    try:
+        envelope.verify([key], 1)
+        return True
+    except VerificationError:
+        return False
 
 
 def _independently_signed(envelope: dsse.Envelope, key: SSlibKey) -> bool:
@@ -431,7 +446,10 @@ def verified_kinds(registry: Any, repository: str, digest: str, image_id: str, k
     """The predicate types of the statements `key` signed about exactly this digest and image ID:
     what a digest carries, decided by verifying envelopes, never by what annotations claim."""
     kinds = set()
-    for entry in attested(registry, repository, digest)[:MAX_VERIFIED]:
+    listed = attested(registry, repository, digest)
+    if len(listed) > MAX_VERIFIED:
+        raise UserError(f"{digest[:19]} carries {len(listed)} attestations, more than the {MAX_VERIFIED} read")
+    for entry in listed:
         artifact_type = str(entry.get("artifactType", BUNDLE_TYPE))
         try:
             document = registry.artifact(repository, str(entry.get("digest", "")), MAX_ENVELOPE_BYTES)

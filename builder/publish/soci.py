@@ -118,9 +118,30 @@ def containerd_socket(engine: docker.DockerClient) -> str:
     )
 
 
+MAX_LISTED_INDEXES = 16  # indexes read to find one of this image; more is someone's flood
+
+
 def attached(registry: Registry, grid: Matrix, item: Publication) -> str | None:
-    """The digest of the SOCI index already attached to the image's digest, if any."""
-    return registry.attached(grid.spec.repository, item.digest).get(INDEX_TYPE)
+    """The digest of a SOCI index attached to the image's digest that proves to be one of this
+    image (check_index: SOCI's config, this image as its subject, each zTOC naming one of its
+    layers and present in the repository), if any. Another party's index of another shape, or
+    of another image, is not taken for it: publish then makes and attaches the image's own."""
+    repository = grid.spec.repository
+    image = registry.manifest(repository, item.digest)
+    if image is None:
+        return None
+    for entry in registry.referrers(repository, item.digest, INDEX_TYPE)[:MAX_LISTED_INDEXES]:
+        digest = str(entry.get("digest", ""))
+        index = registry.manifest(repository, digest) if DIGEST.fullmatch(digest) else None
+        if index is None or index.media_type != OCI_MANIFEST:
+            continue
+        try:
+            ztocs = check_index(jsonread.loads(index.body, f"SOCI index {digest[:19]}"), image)
+        except UserError:
+            continue
+        if all(registry.has_blob(repository, ztoc) for ztoc in ztocs):
+            return digest
+    return None
 
 
 def attach_index(registry: Registry, repository: str, digest: str, found: Tools, report: Report) -> str:

@@ -64,7 +64,13 @@ def signed_evidence(
     this manifest's own config (read by digest, so a tag moved meanwhile cannot change it)."""
     evidence = Evidence()
     build_id = existing.published_build_id(registry, repository, manifest.digest) or ""
-    for entry in provenance.attested(registry, repository, manifest.digest)[: provenance.MAX_ENVELOPES]:
+    listed = provenance.attested(registry, repository, manifest.digest)
+    if len(listed) > provenance.MAX_VERIFIED:  # said, not cut short: a cut list could hide the team's own
+        raise UserError(
+            f"{manifest.digest[:19]} carries {len(listed)} attestations, more than the {provenance.MAX_VERIFIED} "
+            "the gates read; remove the ones that are not the team's (publish --prune-reports)"
+        )
+    for entry in listed:
         try:
             document = registry.artifact(repository, str(entry["digest"]), provenance.MAX_ENVELOPE_BYTES)
             artifact_type = str(entry.get("artifactType", provenance.BUNDLE_TYPE))

@@ -225,3 +225,19 @@ def test_a_report_becomes_in_totos_test_result_naming_the_attached_report_by_dig
     assert provenance.test_result_statement(SUBJECT, failed)["predicate"]["result"] == "FAILED"
     clean = {**report, "checks": [{"check": "sdpa", "status": "pass"}]}
     assert provenance.test_result_statement(SUBJECT, clean)["predicate"]["result"] == "PASSED"
+
+
+@pytest.mark.parametrize("team_first", [True, False])
+def test_an_envelope_the_team_signed_still_verifies_when_another_party_signs_it_too(
+    statement: dict[str, Any], team_first: bool
+) -> None:
+    """Issue 47: a second signature on the team's envelope stopped it verifying (every signature
+    was checked under the team key's ID, and the last one won)."""
+    team, other = CryptoSigner.generate_ed25519(), CryptoSigner.generate_ed25519()
+    signed = provenance.sign(statement, team)
+    by_other = provenance.sign(statement, other)
+    both = [*signed["signatures"], *by_other["signatures"]] if team_first else [
+        *by_other["signatures"], *signed["signatures"]]  # fmt: skip
+    assert provenance.verify_envelope({**signed, "signatures": both}, team.public_key)["predicateType"]
+    with pytest.raises(UserError, match="does not verify"):
+        provenance.verify_envelope(by_other, team.public_key)

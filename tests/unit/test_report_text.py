@@ -3,6 +3,7 @@ line, its newlines and control characters escaped, so a report cannot print a ve
 
 from __future__ import annotations
 
+from builder.oci.registry import Manifest
 from builder.publish import reports, verify
 from builder.terminal import quoted
 
@@ -25,3 +26,16 @@ def test_quoting_escapes_quotes_backslashes_and_cuts_long_text() -> None:
     assert quoted('say "hi" \\ ok') == '"say \\"hi\\" \\\\ ok"'
     assert quoted("x" * 200, 10) == '"' + "x" * 10 + '..."'
     assert quoted(None) == '"None"'
+
+
+def test_many_artifacts_of_other_tools_do_not_make_verify_refuse_the_image() -> None:
+    """Issue 47: more than 64 referrers of any kind (another tool's signatures, say) refused the image."""
+
+    class Registry:
+        def referrers(self, repository: str, subject: str, artifact_type: str | None = None) -> list[dict[str, str]]:
+            return [{"digest": f"sha256:{n:064x}", "artifactType": "application/vnd.other.sig"} for n in range(100)]
+
+    subject = Manifest.of(b'{"schemaVersion": 2}', "application/vnd.oci.image.manifest.v1+json")
+    found = verify.ImageFindings(digest=subject.digest, platform="", image_id=IMAGE)
+    assert verify._artifacts(Registry(), "torch", subject, found) == []  # type: ignore[arg-type]
+    assert any("not read" in line and ": 100 (" in line for line in found.lines)

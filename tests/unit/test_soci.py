@@ -155,3 +155,45 @@ def test_without_root_publish_is_told_how_to_run_it(monkeypatch: pytest.MonkeyPa
     with pytest.raises(UserError) as refused:
         soci.tools(engine=None)  # type: ignore[arg-type]
     assert "as root" in refused.value.line() and "publish.soci: false" in refused.value.line()
+
+
+class _Registry:
+    """An image and what is listed as attached to it: the listing is anyone's to write."""
+
+    def __init__(self, indexes: list[dict[str, Any]], blobs: set[str]) -> None:
+        self.manifests = {IMAGE.digest: IMAGE}
+        for index in indexes:
+            made = Manifest.of(json.dumps(index).encode(), OCI_MANIFEST)
+            self.manifests[made.digest] = made
+        self.listed = [{"digest": digest} for digest in self.manifests if digest != IMAGE.digest]
+        self.blobs = blobs
+
+    def manifest(self, repository: str, reference: str) -> Manifest | None:
+        return self.manifests.get(reference)
+
+    def referrers(self, repository: str, subject: str, artifact_type: str | None = None) -> list[dict[str, Any]]:
+        return self.listed
+
+    def has_blob(self, repository: str, digest: str) -> bool:
+        return digest in self.blobs
+
+
+class _Grid:
+    class spec:
+        repository = "torch"
+
+
+class _Item:
+    digest = IMAGE.digest
+
+
+def test_only_an_attached_index_that_proves_to_be_this_images_counts_as_attached() -> None:
+    """Issue 47: anyone who could push attached an index first, and publish then made none."""
+    other_image = copy.deepcopy(made_by_soci())
+    other_image["subject"]["digest"] = "sha256:" + "e" * 64
+    ztoc = made_by_soci()["layers"][0]["digest"]
+    for listed, blobs in (([other_image], {ztoc}), ([made_by_soci()], set()), ([{"junk": 1}], {ztoc})):
+        assert soci.attached(_Registry(listed, blobs), _Grid(), _Item()) is None  # type: ignore[arg-type]
+    ours = _Registry([other_image, made_by_soci()], {ztoc})
+    found = soci.attached(ours, _Grid(), _Item())  # type: ignore[arg-type]
+    assert found == Manifest.of(json.dumps(made_by_soci()).encode(), OCI_MANIFEST).digest
