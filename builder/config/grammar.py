@@ -92,6 +92,12 @@ PACKAGE_PATTERN = Grammar(r"[a-z0-9*][a-z0-9.*_-]*", "a package name pattern suc
 PRUNE_PATH = Grammar(r"(?!/)(?!.*(^|/)\.\.(/|$))[A-Za-z0-9_.*/+-]+", "a path under site-packages such as triton/x")
 DPKG_PATH = Grammar(r"/(?!.*(^|/)\.\.(/|$))[A-Za-z0-9_.*/+-]+", "an absolute path glob such as /usr/share/doc/*")
 VULNERABILITY = Grammar(r"[A-Za-z][A-Za-z0-9]*-[A-Za-z0-9._:-]{2,80}", "an advisory ID such as CVE-2025-1234")
+# An advisory vex.yaml may name: never a distribution's suite (bookworm-security), which a Debian
+# finding names in place of an advisory and which would cover every fix of a package.
+VEX_VULNERABILITY = Grammar(
+    r"(?![A-Za-z]+-(security|updates|backports|proposed)$)[A-Za-z][A-Za-z0-9]*-[A-Za-z0-9._:-]{2,80}",
+    "an advisory ID such as GHSA-cpwx-vrp4-4pq7 or CVE-2025-1234 (not a suite such as bookworm-security)",
+)
 CELL_PATTERN = Grammar(r"[a-z0-9*?][a-z0-9.*?_-]{0,127}", "a cell name or pattern such as 2.13.0-*")
 # One line of plain text: it reaches scanners' reports, pull requests and terminals.
 IMPACT = Grammar(r"[^\x00-\x1f\x7f-\x9f]{10,500}", "one line of 10 to 500 plain characters: why it does not apply")

@@ -23,17 +23,9 @@ def field(grammar: Grammar) -> Any:
     return Field(pattern=f"^(?:{grammar.pattern})$")
 
 
-# Pattern (as pydantic reports it) -> what to write instead, for error messages.
-HINTS = {
-    f"^(?:{g.pattern})$": g.hint
-    for g in (
-        grammar.VERSION, grammar.CUDA, grammar.NAME, grammar.DIGEST, grammar.URL, grammar.LOOPBACK,
-        grammar.REGISTRY, grammar.REPOSITORY, grammar.RELATIVE_DIR, grammar.FIND_LINKS, grammar.SIZE,
-        grammar.SHA256, grammar.DEBIAN_PACKAGE, grammar.PLATFORM, grammar.REQUIREMENT,
-        grammar.PACKAGE_PATTERN, grammar.PRUNE_PATH, grammar.DPKG_PATH, grammar.REASON, grammar.VULNERABILITY,
-        grammar.CELL_PATTERN, grammar.IMPACT, grammar.ACTION, grammar.ACTION_VERSION, grammar.COMMIT,
-    )
-}  # fmt: skip
+# Pattern (as pydantic reports it) -> what to write instead, for error messages: every grammar
+# the module defines, so a new one never shows its regular expression to a user.
+HINTS = {f"^(?:{g.pattern})$": g.hint for g in vars(grammar).values() if isinstance(g, grammar.Grammar)}
 Version = Annotated[str, field(grammar.VERSION)]
 Cuda = Annotated[str, field(grammar.CUDA)]
 Name = Annotated[str, field(grammar.NAME)]

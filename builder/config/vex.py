@@ -35,8 +35,11 @@ Justification = Literal[
 ]
 
 
+ECOSYSTEM = "pypi"  # what a decision may cover: the Python packages' advisories (OSV's PyPI records)
+
+
 class Statement(validated.Strict):
-    vulnerability: Annotated[str, validated.field(grammar.VULNERABILITY)]
+    vulnerability: Annotated[str, validated.field(grammar.VEX_VULNERABILITY)]
     package: Annotated[str, validated.field(grammar.NAME)]
     cells: list[Annotated[str, validated.field(grammar.CELL_PATTERN)]] = ["*"]
     justification: Justification
@@ -57,9 +60,13 @@ class Decision:
     justification: str
     impact: str
 
-    def covers(self, cell: str, package: str, advisory: str) -> bool:
+    def covers(self, cell: str, package: str, advisory: str, ecosystem: str = "pypi") -> bool:
+        """Whether the decision is about this finding. Only a Python package's advisory: a
+        Debian finding names the security suite its fix is in, not an advisory, and a decision
+        naming the suite would silence every later fix of the package."""
         return (
-            package.lower() == self.package
+            ecosystem == ECOSYSTEM
+            and package.lower() == self.package
             and advisory == self.vulnerability
             and any(fnmatch.fnmatchcase(cell, pattern) for pattern in self.cells)
         )

@@ -401,5 +401,7 @@ def findings_of(
 
 
 def with_decision(finding: Finding, decisions: tuple[vex.Decision, ...]) -> Finding:
-    decision = next((d for d in decisions if d.covers(finding.cell, finding.package, finding.advisory)), None)
+    decision = next(
+        (d for d in decisions if d.covers(finding.cell, finding.package, finding.advisory, finding.ecosystem)), None
+    )
     return replace(finding, not_affected=decision.justification) if decision else finding

@@ -482,6 +482,8 @@ def write_record(grid: Matrix, item: Publication, records_dir: Path) -> Path:
 MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()|~!@#])")
 CODE_SAFE = re.compile(r"[A-Za-z0-9._:/@+-]{1,200}")  # a registry, repository, tag or platform, as validated
 MAX_CELL_TEXT = 120
+AUTOLINK = re.compile(r"//|www\.", re.IGNORECASE)
+ZERO_WIDTH_SPACE = "&#8203;"
 
 
 def markdown_text(value: object) -> str:
@@ -491,7 +493,9 @@ def markdown_text(value: object) -> str:
     table's end marker."""
     text = " ".join(str(value).split())[:MAX_CELL_TEXT]
     text = "".join(c if c.isprintable() else "?" for c in text)
-    return MARKDOWN_SPECIAL.sub(r"\\\1", html.escape(text, quote=False))
+    escaped = MARKDOWN_SPECIAL.sub(r"\\\1", html.escape(text, quote=False))
+    # GitHub links a bare `https://...` or `www....` by itself: a zero-width space breaks both.
+    return AUTOLINK.sub(lambda found: found.group()[:-1] + ZERO_WIDTH_SPACE + found.group()[-1], escaped)
 
 
 def code_text(value: object) -> str:

@@ -472,7 +472,7 @@ def test_report_text_reaches_the_readme_as_inert_text(tmp_path: Path) -> None:
         },
         "gpu": {
             "status": "pass",
-            "device": "H200 | <i>x</i>",
+            "device": "H200 | <i>x</i> https://evil.example/login www.evil.example",
             "capability": "`9.0",
             "driver": "[d](x)",
             "matmul_bf16_fraction_of_peak": 0.8,
@@ -486,6 +486,7 @@ def test_report_text_reaches_the_readme_as_inert_text(tmp_path: Path) -> None:
     assert text.count(publish.TABLE_END) == 1 and text.endswith(f"{publish.TABLE_END}\noutro\n")
     table = text[text.index(publish.TABLE_START) : text.index(publish.TABLE_END)]
     assert "<" not in table.replace(publish.TABLE_START, "") and "](javascript:" not in table
+    assert "://" not in table and "www." not in table  # GitHub links neither by itself (issue 47)
     assert len([line for line in table.splitlines() if line.startswith("|")]) == 3  # header, rule, one row
     row = table.splitlines()[-1]
     assert row.count(" | ") == 5  # six cells: the device's | is escaped, not a new cell

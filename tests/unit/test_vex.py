@@ -45,6 +45,7 @@ def test_a_reviewed_decision_covers_its_advisory_package_and_cells_only(tmp_path
         ((IMPACT, 'impact: "\\e[2J clears the screen"'), "impact"),  # YAML's escape for ESC
         (("package: jinja2", "package: jinja2; rm -rf /"), "package"),
         (("    cells:", "    owner: me\n    cells:"), "unknown key 'owner'"),
+        (("GHSA-cpwx-vrp4-4pq7", "bookworm-security"), "not a suite"),  # would cover every Debian fix
     ],
 )  # fmt: skip
 def test_a_statement_that_is_not_one_is_one_line_with_its_place(
@@ -80,3 +81,13 @@ def test_audit_lists_a_covered_finding_as_not_affected_and_openvex_says_why(tmp_
     assert entry["status"] == "not_affected" and entry["justification"] == "vulnerable_code_not_in_execute_path"
     assert entry["products"][0]["@id"] == f"pkg:oci/torch@sha256:{'a' * 64}?repository_url=127.0.0.1:5000/torch"
     assert entry["products"][0]["subcomponents"] == [{"@id": "pkg:pypi/jinja2"}]
+
+
+def test_a_decision_never_covers_a_debian_finding_whose_advisory_is_a_suite(tmp_path: Path) -> None:
+    """Issue 47: a statement naming bookworm-security silenced every Debian fix of its package."""
+    [decision] = vex.load(_file(tmp_path, GOOD))
+    cell = "2.13.0-cpu-bookworm-runtime"
+    assert decision.covers(cell, "jinja2", "GHSA-cpwx-vrp4-4pq7", "pypi")
+    assert not decision.covers(cell, "jinja2", "GHSA-cpwx-vrp4-4pq7", "deb")  # the ecosystem counts too
+    finding = audit.Finding(cell, "deb", "jinja2", "1", "2", "GHSA-cpwx-vrp4-4pq7", "high")
+    assert audit.with_decision(finding, (decision,)).not_affected == ""
