@@ -913,3 +913,27 @@ def test_a_third_partys_sbom_attached_first_is_neither_taken_for_the_images_nor_
     [cyclonedx] = [s["predicate"] for s in signed if s["predicateType"] == provenance.CYCLONEDX]
     assert cyclonedx != forged and cyclonedx in documents
     assert all(c.get("name") != "trust-me" for c in cyclonedx["components"])
+
+
+def test_junk_annotated_as_the_teams_statements_does_not_stop_the_key_signing(
+    built: BuiltCell,
+    smoke_result: smoke.SmokeResult,
+    start_registry,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    """Issue 47: three junk artifacts annotated as provenance, self-test and CycloneDX statements
+    made a publish holding the key sign nothing, silently. What is signed is what the key verifies."""
+    private, public = _key_files(tmp_path / "team")
+    running = start_registry()
+    [item] = _publish(built, running, tmp_path, monkeypatch)  # unsigned
+    api = running.api()
+    subject = api.manifest("torch", built.cell.tag)
+    assert subject is not None
+    for kind in (provenance.PROVENANCE, provenance.SELFTEST, provenance.CYCLONEDX):
+        api.push_artifact("torch", f"junk-{abs(hash(kind))}", b"{}", provenance.BUNDLE_TYPE,
+                          {provenance.PREDICATE_ANNOTATION: kind}, subject)  # fmt: skip
+    _publish(built, running, tmp_path, monkeypatch, provenance.load_signer(private))
+    key = provenance.load_public_key(public)
+    kinds = provenance.verified_kinds(api, "torch", subject.digest, item.image_id, key)
+    assert {provenance.PROVENANCE, provenance.SELFTEST, provenance.CYCLONEDX} <= kinds
