@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
-from builder.commands.common import Register, console, registry_options
+from builder.commands.common import Register, console, progress, registry_options
+from builder.engine import daemon
 from builder.errors import UserError
 from builder.oci.registry import Registry
 from builder.plan import matrix
-from builder.publish import provenance, verify
+from builder.publish import provenance, rebuild, verify
 from builder.terminal import printable
 
 
@@ -29,8 +31,40 @@ def add(register: Register) -> None:
         help="also check the signed attestations with this public key (PEM): each signature, that each is about "
         "this digest and image, and that the provenance's locks and build ID match this checkout",
     )
+    verify_cmd.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="also build the image again here, without the engine's cache, from this checkout (it must hold the "
+        "inputs the image was built from: its build ID, and with --key the locks its provenance names), and "
+        "compare the image ID with the published one; names the first differing layer and its paths. Needs the "
+        "engine; minutes for a CPU cell, more for a CUDA one",
+    )
+    verify_cmd.add_argument(
+        "--offline", action="store_true", help="with --rebuild: download nothing; the cache holds every input"
+    )
     registry_options(verify_cmd, argparse.SUPPRESS)
     verify_cmd.set_defaults(func=run)
+
+
+def run_rebuild(args: argparse.Namespace, reference: verify.Reference, registry: Registry, key: Any) -> int:
+    if not Path(args.matrix).is_file():
+        raise UserError(f"--rebuild builds from this checkout: {args.matrix} is not there; run it in the checkout")
+    grid = matrix.load_matrix(Path(args.matrix))
+    engine = daemon.client()
+    with progress(f"{reference}: rebuilding") as report:
+        found = rebuild.rebuild(engine, registry, reference, grid, rebuild.RebuildOptions(key, args.offline), report)
+    for note in found.notes:
+        print(printable(f"  {note}"))
+    if found.same:
+        print(f"rebuilt {reference}: the same image ID {found.image_id}, from {found.inputs} inputs "
+              f"(cell {found.cell}; the rebuilt image is {rebuild.REBUILD_REPOSITORY}:{found.cell})")  # fmt: skip
+        return 0
+    layer = f"layer {found.differing_layer + 1}" if found.differing_layer is not None else "no layer"
+    print(printable(f"rebuilt {reference}: differs: published image ID {found.published.image_id}, rebuilt "
+                    f"{found.image_id}; the first that differs is {layer}"))  # fmt: skip
+    for path in found.paths:
+        print(printable(f"  {path}"))
+    return 1
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,6 +77,10 @@ def run(args: argparse.Namespace) -> int:
     registry = Registry.for_publishing(reference.registry, args.registry_ca, args.insecure_registry, configured)
     registry.check()
     key = provenance.load_public_key(args.key) if args.key else None
+    if args.offline and not args.rebuild:
+        raise UserError("--offline is for --rebuild (the rebuild downloads nothing); drop it or add --rebuild")
+    if args.rebuild:
+        return run_rebuild(args, reference, registry, key)
     images = verify.verify(registry, reference, grid, key)
     failed = False
     if images and images[0].index:  # a multi-arch tag: the digest to pin is the index's

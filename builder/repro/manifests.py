@@ -21,7 +21,7 @@ def cache_dir() -> Path:
 
 
 def save_manifest(diff_id: str, files: list[list[Any]]) -> None:
-    (cache_dir() / f"{diff_id.removeprefix('sha256:')}.manifest.json").write_text(json.dumps(files))
+    _manifest_path(diff_id).write_text(json.dumps(files))
 
 
 def record_manifests(engine: docker.DockerClient, reference: str) -> None:
@@ -43,8 +43,13 @@ def record_manifests(engine: docker.DockerClient, reference: str) -> None:
             save_manifest(diff_id, rows)
 
 
+def _manifest_path(diff_id: str) -> Path:
+    # `.files2`: rows with the owner as a sixth column; a cache of the five-column form is not read.
+    return cache_dir() / f"{diff_id.removeprefix('sha256:')}.files2.json"
+
+
 def layer_manifest(diff_id: str) -> list[list[Any]] | None:
-    path = cache_dir() / f"{diff_id.removeprefix('sha256:')}.manifest.json"
+    path = _manifest_path(diff_id)
     return json.loads(path.read_text()) if path.exists() else None
 
 

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import base64
 import functools
+import gzip
+import hashlib
+import io
 import json
 import shutil
 import subprocess
+import tarfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -24,7 +28,7 @@ from builder.config import vex
 from builder.errors import UserError
 from builder.oci.registry import OCI_MANIFEST, Manifest, Registry
 from builder.plan.matrix import Matrix
-from builder.publish import cosign_tag, existing, provenance, publish, reports, soci, staging
+from builder.publish import cosign_tag, existing, provenance, publish, rebuild, reports, soci, staging, verify
 from builder.wheelhouse import wheelhouse
 from tests import registry_fixtures
 from tests.integration.conftest import BuiltCell, RunningRegistry
@@ -937,3 +941,97 @@ def test_junk_annotated_as_the_teams_statements_does_not_stop_the_key_signing(
     key = provenance.load_public_key(public)
     kinds = provenance.verified_kinds(api, "torch", subject.digest, item.image_id, key)
     assert {provenance.PROVENANCE, provenance.SELFTEST, provenance.CYCLONEDX} <= kinds
+
+
+def test_anyone_can_rebuild_a_published_tag_and_get_its_image_id(
+    built: BuiltCell,
+    smoke_result: smoke.SmokeResult,
+    start_registry,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],  # type: ignore[no-untyped-def]
+) -> None:
+    """Issue 48: `verify --rebuild REF` builds the tag's cell again here, without cache, from this
+    checkout, and compares the builder's image ID with the published config digest."""
+    private, public = _key_files(tmp_path / "team")
+    running = start_registry()
+    [item] = _publish(built, running, tmp_path, monkeypatch, provenance.load_signer(private))
+    monkeypatch.chdir(tmp_path)
+    reference = f"{running.host}/torch:{built.cell.tag}"
+    try:
+        code = cli.main(["--matrix", str(built.grid.path), "verify", "--rebuild", "--key", str(public), reference])
+        out = capsys.readouterr().out
+        assert code == 0, out
+        assert f"rebuilt {reference}: the same image ID {item.image_id}" in out
+        assert "its signed provenance names this checkout's locks and build ID" in out
+    finally:
+        build.remove_image(built.client, f"torch-images/rebuild:{built.cell.name}")
+
+
+def _tampered(api: Registry, tag: str) -> str:
+    """The published image with one file of its top layer changed by hand, pushed under the same
+    tag (another digest); returns the path changed."""
+    manifest = api.manifest("torch", tag)
+    assert manifest is not None
+    document = json.loads(manifest.body)
+    config = json.loads(api.blob("torch", document["config"]["digest"]))
+    top = document["layers"][-1]
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(api.blob("torch", top["digest"], 1 << 30)))) as old:
+        members = [(m, old.extractfile(m).read() if m.isfile() else None) for m in old.getmembers()]  # type: ignore[union-attr]
+    changed = next(m.name for m, data in members if m.isfile() and m.name.endswith("spec.json"))
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as new:
+        for member, data in members:
+            if member.name == changed and data is not None:
+                data = data + b"\n"
+                member.size = len(data)
+            new.addfile(member, io.BytesIO(data) if data is not None else None)
+    raw = buffer.getvalue()
+    layer = gzip.compress(raw, mtime=0)
+    config["rootfs"]["diff_ids"][-1] = "sha256:" + hashlib.sha256(raw).hexdigest()
+    config_bytes = json.dumps(config, sort_keys=True).encode()
+    document["config"] = {**document["config"], "digest": api.upload_blob("torch", config_bytes),
+                          "size": len(config_bytes)}  # fmt: skip
+    document["layers"][-1] = {**top, "digest": api.upload_blob("torch", layer), "size": len(layer)}
+    api.put_manifest("torch", tag, Manifest.of(json.dumps(document).encode(), manifest.media_type))
+    return changed
+
+
+def test_a_rebuild_names_the_first_differing_layer_and_its_paths_and_another_lock_is_refused_first(
+    built: BuiltCell,
+    smoke_result: smoke.SmokeResult,
+    start_registry,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],  # type: ignore[no-untyped-def]
+) -> None:
+    """Issue 48: a published image whose one layer was changed by hand differs, at that layer and
+    path; a checkout whose lock is not the provenance's is refused before anything is built."""
+    private, public = _key_files(tmp_path / "team")
+    running = start_registry()
+    _publish(built, running, tmp_path, monkeypatch, provenance.load_signer(private))
+    api = running.api()
+    changed = _tampered(api, built.cell.tag)
+    reference = verify.parse_reference(f"{running.host}/torch:{built.cell.tag}")
+    published = rebuild.resolve(api, reference)
+    found = rebuild.Rebuilt(published, built.cell.name, built.image_id)
+    # The comparison a rebuild ends with, against the image the host's engine built from this checkout.
+    rebuild.compare_layers(built.client, api, "torch", published, built.reference, found)
+    assert not found.same and found.differing_layer == len(published.diff_ids) - 1
+    assert any(line.startswith(f"{changed}: content differs") for line in found.paths), found.paths
+
+    # Another lock in the checkout: refused by the signed provenance, before any build.
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    shutil.copy(built.grid.path, checkout / "matrix.yaml")
+    shutil.copytree(built.grid.images_dir, checkout / "images")
+    lock_file = checkout / "images" / built.cell.name / "requirements.lock"
+    lock_file.write_text(lock_file.read_text() + "    # via nothing\n")
+    before = {image.id for image in built.client.images.list(all=True)}
+    _publish(built, running, tmp_path, monkeypatch, provenance.load_signer(private))  # the genuine image again
+    monkeypatch.chdir(tmp_path)
+    argv = ["--matrix", str(checkout / "matrix.yaml"), "verify", "--rebuild", "--key", str(public), str(reference)]
+    assert cli.main(argv) == 2
+    said = capsys.readouterr().err
+    assert "requirements.lock" in said and "check out the commit" in said
+    assert {image.id for image in built.client.images.list(all=True)} <= before  # nothing built
