@@ -14,6 +14,7 @@ import docker
 
 from builder import confined, jsonread, times
 from builder.assemble import build, size, smoke
+from builder.engine import daemon
 from builder.errors import UserError
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
@@ -77,13 +78,6 @@ def write_record(path: Path, rows: dict[str, SweepRow]) -> None:
     path.write_text(text)
 
 
-def engine_description(engine: docker.DockerClient) -> str:
-    """The engine as a row names it: its version and image store."""
-    info = engine.info()
-    store = "containerd store" if "containerd" in str(info.get("DriverStatus", "")) else info.get("Driver", "")
-    return f"Docker {engine.version().get('Version', '?')} ({store})"
-
-
 def sweep_cell(
     engine: docker.DockerClient,
     grid: Matrix,
@@ -130,7 +124,7 @@ def sweep(
     """Sweep the cells in turn, writing the record and the table after each; returns the record."""
     path = record_path(grid)
     rows = read_record(path)
-    engine_name = engine_description(engine)
+    engine_name = daemon.description(engine)
     for number, cell in enumerate(cells, 1):
         step = f"[{number}/{len(cells)}] {cell.name}"
         previous = rows.get(cell.name)

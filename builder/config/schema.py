@@ -171,6 +171,9 @@ class PublishSpec(Strict):
     # A SOCI index beside each gzip image, for nodes that start images lazily (soci-snapshotter);
     # needs the soci CLI, containerd and root where publish runs (builder/publish/soci.py).
     soci: bool = False
+    # Promote with the team's key moves a tag only when this many signed rebuilds, each on an
+    # engine of its own, gave the staged image's ID (`verify --rebuild --sign-key`; ci.rebuild_check).
+    require_rebuilds: Annotated[int, Field(ge=0, le=8)] = 0
 
 
 class MatrixSpec(Strict):

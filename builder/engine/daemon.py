@@ -115,3 +115,10 @@ def ensure_running(install: bool, test_tools: bool = False) -> str:
             return "; ".join(did)
         time.sleep(1)
     raise UserError(f"dockerd did not answer within 60 s; see {DOCKERD_LOG}")
+
+
+def description(engine: docker.DockerClient) -> str:
+    """The engine in a few words, as records and signed rebuilds name it: its version and store."""
+    info = engine.info()
+    store = "containerd store" if "containerd" in str(info.get("DriverStatus", "")) else str(info.get("Driver", ""))
+    return f"Docker {engine.version().get('Version', '?')} ({store})"

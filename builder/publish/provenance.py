@@ -56,6 +56,10 @@ CYCLONEDX = "https://cyclonedx.org/bom"  # the SBOM, as cosign's `--type cyclone
 SPDX = "https://spdx.dev/Document"  # the SBOM as SPDX 2.3 (cosign's `--type spdxjson`)
 OPENVEX = "https://openvex.dev/ns/v0.2.0"  # reviewed not-affected findings (vex.yaml)
 SELFTEST = "https://torch-images.invalid/selftest/v1"  # this project's predicate: a self-test report
+# A rebuild that gave the published image ID: SLSA's verification summary (a VSA), which policy
+# engines read, its policy this project's rebuild check.
+REBUILD = "https://slsa.dev/verification_summary/v1"
+REBUILD_POLICY = "https://torch-images.invalid/rebuild/v1"
 BUILD_TYPE = "https://torch-images.invalid/build/v1"
 PREDICATE_ANNOTATION = "io.torch-images.predicate-type"
 COSIGN_PREDICATE_ANNOTATION = "dev.sigstore.bundle.predicateType"  # cosign's, and GitHub's attestations'
@@ -157,6 +161,34 @@ def openvex_statement(
 def sbom_statement(subject: Subject, predicate_type: str, document: dict[str, Any]) -> dict[str, Any]:
     """The image's SBOM (CycloneDX, or the same as SPDX) as a statement about it."""
     return _statement(subject, predicate_type, document)
+
+
+def rebuild_statement(subject: Subject, engine: str, builder_version: str, verified_at: str) -> dict[str, Any]:
+    """A rebuild that gave exactly this image ID, as SLSA's verification summary: who rebuilt it
+    (the builder, on which engine), when, and that the result is the published digest's image."""
+    predicate = {
+        "verifier": {"id": REBUILD_POLICY.removesuffix("/rebuild/v1") + "/rebuilder",
+                     "version": {"torch-images": builder_version, "engine": engine}},
+        "timeVerified": verified_at,
+        "resourceUri": f"{subject.name}@{subject.digest}",
+        "policy": {"uri": REBUILD_POLICY},
+        "verificationResult": "PASSED",
+        "verifiedLevels": [],
+        "imageId": subject.image_id,
+        "buildId": subject.build_id,
+    }  # fmt: skip
+    return _statement(subject, REBUILD, predicate)
+
+
+def rebuild_engine(predicate: dict[str, Any], image_id: str) -> str | None:
+    """The engine a signed rebuild statement says gave `image_id`, or None when it is not one."""
+    verifier = predicate.get("verifier")
+    version = verifier.get("version") if isinstance(verifier, dict) else None
+    engine = version.get("engine") if isinstance(version, dict) else None
+    passed = predicate.get("verificationResult") == "PASSED" and predicate.get("imageId") == image_id
+    policy = predicate.get("policy")
+    ours = isinstance(policy, dict) and policy.get("uri") == REBUILD_POLICY
+    return str(engine) if passed and ours and isinstance(engine, str) and engine else None
 
 
 def test_result_statement(subject: Subject, report: dict[str, Any]) -> dict[str, Any]:

@@ -14,20 +14,25 @@ the builder's own canonical bytes against it."""
 from __future__ import annotations
 
 import gzip
+import re
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, cast
 
 import docker
+from securesystemslib.signer import CryptoSigner
 
+from builder import times
 from builder.assemble import build
 from builder.config import platform as platforms
+from builder.engine import daemon
 from builder.errors import UserError
 from builder.oci.registry import INDEX_TYPES, Manifest, Registry, json_object
 from builder.plan.matrix import Matrix
 from builder.progress import Report
-from builder.publish import provenance, trust
+from builder.publish import provenance, tags, trust
 from builder.publish.verify import CELL_LABEL, Reference
 from builder.repro import layers, manifests
 from builder.wheelhouse import wheelhouse
@@ -217,3 +222,24 @@ def differing(published: list[list[Any]], rebuilt: list[list[Any]], limit: int =
                 if column < len(a) and column < len(b) and a[column] != b[column]]  # fmt: skip
         lines.append(f"{name}: {', '.join(what) or 'entry'} differs (published {a[3]} bytes, rebuilt {b[3]} bytes)")
     return lines[:limit] + ([f"... and {len(lines) - limit} more"] if len(lines) > limit else [])
+
+
+def attest(
+    registry: Registry, reference: Reference, found: Rebuilt, engine: docker.DockerClient, signer: CryptoSigner
+) -> str:
+    """Attach a rebuild that gave the published image ID as a signed statement about its digest
+    (SLSA's verification summary, naming the engine); returns the engine named."""
+    if not found.same:
+        raise UserError(f"{reference}: the rebuild differs; no statement is signed for it")
+    published = found.published
+    engine_name = daemon.description(engine)
+    build_id = str(published.labels.get(build.BUILD_ID_LABEL, ""))
+    about = provenance.Subject(f"{reference.registry}/{reference.repository}", published.digest,
+                               published.image_id, build_id)  # fmt: skip
+    statement = provenance.rebuild_statement(
+        about, engine_name, provenance.builder_version(), times.iso_utc(time.time())
+    )
+    slug = re.sub(r"[^a-z0-9]+", "-", engine_name.lower()).strip("-")
+    tag = tags.fitted(f"sha256-{published.digest.removeprefix('sha256:')[:32]}.rebuild-{slug}.att")
+    provenance.attach(registry, reference.repository, published.served, tag, statement, signer)
+    return engine_name

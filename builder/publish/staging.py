@@ -308,6 +308,12 @@ def _staged(
         evidence = trust.signed_evidence(registry, repository, manifest, image_id, cell, key)
         if evidence.provenance_problem is not None:
             return f"{evidence.provenance_problem} on {manifest.digest[:19]}"
+        needed = grid.spec.publish.require_rebuilds
+        if len(evidence.rebuilt_on) < needed:
+            return (
+                f"publish.require_rebuilds is {needed}; {manifest.digest[:19]} carries {len(evidence.rebuilt_on)} "
+                f"signed rebuilds that gave its image ID ({', '.join(sorted(evidence.rebuilt_on)) or 'none'})"
+            )
         found_reports = evidence.reports
     gated = reports.gate(found_reports, image_id, cell.gpu_gate)
     if isinstance(gated, str):
@@ -334,6 +340,12 @@ def promote(
             "promote reads the reports as attached, unsigned: anyone who can push could have attached them; "
             f"give the team's public key (--key, or {trust.KEY_ENVIRONMENT}) to trust only what it signed"
         )
+        if grid.spec.publish.require_rebuilds:
+            raise UserError(
+                "publish.require_rebuilds counts rebuilds the team's key signed: give it (--key, or "
+                f"{trust.KEY_ENVIRONMENT}); nothing promoted",
+                grid.path,
+            )
     items = gate_in_registry(registry, grid, cells, run, key, staged_record)
     repository = grid.spec.repository
     for item in items:

@@ -49,6 +49,7 @@ class Evidence:
 
     reports: list[dict[str, Any]] = field(default_factory=list)
     provenance_problem: str | None = "no signed provenance from the trusted key"
+    rebuilt_on: set[str] = field(default_factory=set)  # engines whose signed rebuild gave this image ID
 
 
 def signed_evidence(
@@ -80,6 +81,10 @@ def signed_evidence(
         predicate = statement["predicate"]
         if statement.get("predicateType") == provenance.SELFTEST:
             evidence.reports.append(predicate)
+        elif statement.get("predicateType") == provenance.REBUILD:
+            engine = provenance.rebuild_engine(predicate, image_id)
+            if engine is not None:
+                evidence.rebuilt_on.add(engine)
         elif statement.get("predicateType") == provenance.PROVENANCE:
             problem = provenance.provenance_problem(predicate, build_id, cell)
             if evidence.provenance_problem is not None:  # one signed provenance that holds is enough

@@ -282,6 +282,7 @@ def _check_attestations(
     """Each DSSE envelope signed by `key`, about this digest and image; the provenance's inputs
     as this checkout commits them; and which attestations are missing."""
     kinds: set[str] = set()
+    rebuilt_on: set[str] = set()
     for number, envelope in enumerate(envelopes, 1):
         named = envelope.annotations.get(provenance.PREDICATE_ANNOTATION) or envelope.annotations.get(
             provenance.COSIGN_PREDICATE_ANNOTATION
@@ -312,6 +313,13 @@ def _check_attestations(
             kind = "gpu" if smoke.why_not_a_gpu_pass(predicate, found.image_id) is None else "cpu"
             kinds.add(f"{kind} self-test")
             found.lines.append(f"signed {kind} self-test on {quoted(predicate.get('device'))}: pass")
+        elif predicate_type == provenance.REBUILD:
+            engine = provenance.rebuild_engine(predicate, found.image_id)
+            if engine is None:
+                found.problems.append(f"{where}: a signed rebuild that did not give this image ID")
+                continue
+            rebuilt_on.add(engine)
+            found.lines.append(f"signed rebuild on {quoted(engine, 80)}: the same image ID")
         elif predicate_type == provenance.OPENVEX:
             statements = predicate.get("statements")
             named = [s.get("vulnerability", {}).get("name") for s in statements or [] if isinstance(s, dict)]
@@ -333,6 +341,13 @@ def _check_attestations(
                 f"signed test result ({provenance.TEST_RESULT}): {quoted(predicate.get('result'), 20)}, "
                 f"{quoted(notes.get('kind'), 8)} on {quoted(notes.get('device'))}"
             )
+    found.lines.append(
+        f"signed rebuilds that gave this image ID: {len(rebuilt_on)}"
+        + (f" ({', '.join(quoted(e, 80) for e in sorted(rebuilt_on))})" if rebuilt_on else "")
+    )
+    required = grid.spec.publish.require_rebuilds if grid is not None else 0
+    if len(rebuilt_on) < required:
+        found.problems.append(f"publish.require_rebuilds is {required}; {len(rebuilt_on)} signed rebuilds agree")
     needed = {
         "provenance": "provenance" in kinds,
         "cpu self-test": bool(kinds & {"cpu self-test", "gpu self-test"}),  # a GPU pass is a pass too

@@ -1035,3 +1035,41 @@ def test_a_rebuild_names_the_first_differing_layer_and_its_paths_and_another_loc
     said = capsys.readouterr().err
     assert "requirements.lock" in said and "check out the commit" in said
     assert {image.id for image in built.client.images.list(all=True)} <= before  # nothing built
+
+
+def test_promote_waits_for_the_signed_rebuilds_the_matrix_requires(
+    built: BuiltCell,
+    smoke_result: smoke.SmokeResult,
+    start_registry,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    """Issue 48: with publish.require_rebuilds, a tag moves only when that many signed rebuilds,
+    each on an engine of its own, gave the staged image's ID; one that names another image, or
+    another digest, does not count, and a missing one holds the tag."""
+    private, public = _key_files(tmp_path / "team")
+    signer, key = provenance.load_signer(private), provenance.load_public_key(public)
+    assert signer is not None
+    running = start_registry()
+    grid, api, say, records, readme = _ci_setting(built, running, tmp_path, monkeypatch)
+    grid.spec = grid.spec.model_copy(update={"publish": grid.spec.publish.model_copy(update={"require_rebuilds": 2})})
+    [staged] = staging.stage(built.client, api, grid, [built.cell], "q1", say, signer)
+    subject = api.manifest("torch", staging.staging_tag(built.grid, built.cell, "q1"))
+    assert subject is not None
+    about = provenance.Subject(f"{running.host}/torch", subject.digest, staged.image_id, staged.build_id)
+
+    def rebuilt(engine: str, image_id: str, on: Manifest) -> None:
+        other = replace(about, image_id=image_id, digest=on.digest)
+        statement = provenance.rebuild_statement(other, engine, "test", "2026-12-06T00:00:00Z")
+        provenance.attach(api, "torch", on, f"q1.rebuild-{abs(hash(engine + image_id))}", statement, signer)
+
+    with pytest.raises(UserError, match=r"publish\.require_rebuilds is 2; .* carries 0 signed rebuilds"):
+        staging.promote(api, grid, [built.cell], "q1", say, records, readme, key=key)
+    rebuilt("Docker 20.10.24 (overlay2)", staged.image_id, subject)
+    rebuilt("Docker 29.1.3 (containerd store)", "sha256:" + "d" * 64, subject)  # disagreed: it gave another image
+    with pytest.raises(UserError, match="carries 1 signed rebuilds"):
+        staging.promote(api, grid, [built.cell], "q1", say, records, readme, key=key)
+    assert api.manifest("torch", built.cell.tag) is None
+    rebuilt("Docker 29.1.3 (containerd store)", staged.image_id, subject)
+    [promoted] = staging.promote(api, grid, [built.cell], "q1", say, records, readme, key=key)
+    assert promoted.digest == staged.digest

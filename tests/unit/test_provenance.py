@@ -241,3 +241,14 @@ def test_an_envelope_the_team_signed_still_verifies_when_another_party_signs_it_
     assert provenance.verify_envelope({**signed, "signatures": both}, team.public_key)["predicateType"]
     with pytest.raises(UserError, match="does not verify"):
         provenance.verify_envelope(by_other, team.public_key)
+
+
+def test_a_signed_rebuild_counts_only_for_the_image_id_it_gave() -> None:
+    about = provenance.Subject("r/torch", "sha256:" + "1" * 64, "sha256:" + "2" * 64, "b" * 32)
+    predicate = provenance.rebuild_statement(about, "Docker 29 (containerd store)", "v", "2026-12-06T00:00:00Z")[
+        "predicate"
+    ]
+    assert provenance.rebuild_engine(predicate, about.image_id) == "Docker 29 (containerd store)"
+    assert provenance.rebuild_engine(predicate, "sha256:" + "3" * 64) is None
+    assert provenance.rebuild_engine({**predicate, "verificationResult": "FAILED"}, about.image_id) is None
+    assert provenance.rebuild_engine({**predicate, "policy": {"uri": "x"}}, about.image_id) is None
