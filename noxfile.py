@@ -76,6 +76,15 @@ def publish(session: nox.Session) -> None:
 
 
 @nox.session
+def verify(session: nox.Session) -> None:
+    """Check a published image (`-- REF`); `-- --rebuild REF` also builds it again here and compares."""
+    _install(session)
+    if "--rebuild" in session.posargs:
+        _ensure_engine(session)
+    session.run("python", "-m", "builder", "verify", *session.posargs)
+
+
+@nox.session
 def audit(session: nox.Session) -> None:
     """Locked packages a security fix has since replaced (`-- --osv DIR`, `--json`, `--fail-on`)."""
     _install(session)

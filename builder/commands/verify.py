@@ -43,12 +43,19 @@ def add(register: Register) -> None:
         "--offline", action="store_true", help="with --rebuild: download nothing; the cache holds every input"
     )
     verify_cmd.add_argument(
+        "--backend",
+        choices=["sdk", "buildkit"],
+        default="sdk",
+        help="with --rebuild: the builder that runs the steps (default: sdk, the classic builder); another than "
+        "the first build's makes the rebuild a second, independent one",
+    )
+    verify_cmd.add_argument(
         "--sign-key",
         type=Path,
         metavar="PEM",
         help="with --rebuild: when the rebuild gives the published image ID, attach a signed statement of it "
         "(SLSA's verification summary, naming this engine) to the digest; promote counts them for "
-        "publish.require_rebuilds. Needs push rights",
+        "publish.require_rebuilds. Needs push rights. Default: TORCH_IMAGES_SIGNING_KEY where it is set",
     )
     registry_options(verify_cmd, argparse.SUPPRESS)
     verify_cmd.set_defaults(func=run)
@@ -59,19 +66,17 @@ def run_rebuild(args: argparse.Namespace, reference: verify.Reference, registry:
         raise UserError(f"--rebuild builds from this checkout: {args.matrix} is not there; run it in the checkout")
     grid = matrix.load_matrix(Path(args.matrix))
     engine = daemon.client()
-    if args.sign_key is not None:
-        provenance.load_signer(args.sign_key)  # a key that is not one is refused before the build
+    signer = provenance.load_signer(args.sign_key)  # --sign-key, else the environment's; refused before the build
     with progress(f"{reference}: rebuilding") as report:
-        found = rebuild.rebuild(engine, registry, reference, grid, rebuild.RebuildOptions(key, args.offline), report)
+        options = rebuild.RebuildOptions(key, args.offline, args.backend)
+        found = rebuild.rebuild(engine, registry, reference, grid, options, report)
     for note in found.notes:
         print(printable(f"  {note}"))
     if found.same:
         print(f"rebuilt {reference}: the same image ID {found.image_id}, from {found.inputs} inputs "
               f"(cell {found.cell}; the rebuilt image is {rebuild.REBUILD_REPOSITORY}:{found.cell})")  # fmt: skip
-        if args.sign_key is not None:
-            signer = provenance.load_signer(args.sign_key)
-            assert signer is not None
-            engine_name = rebuild.attest(registry, reference, found, engine, signer)
+        if signer is not None:
+            engine_name = rebuild.attest(registry, reference, found, engine, signer, args.backend)
             print(f"signed and attached the rebuild on {engine_name} to {found.published.digest[:19]}")
         return 0
     layer = f"layer {found.differing_layer + 1}" if found.differing_layer is not None else "no layer"
@@ -92,8 +97,8 @@ def run(args: argparse.Namespace) -> int:
     registry = Registry.for_publishing(reference.registry, args.registry_ca, args.insecure_registry, configured)
     registry.check()
     key = provenance.load_public_key(args.key) if args.key else None
-    if (args.offline or args.sign_key) and not args.rebuild:
-        raise UserError("--offline and --sign-key are for --rebuild; drop them or add --rebuild")
+    if (args.offline or args.sign_key or args.backend != "sdk") and not args.rebuild:
+        raise UserError("--offline, --backend and --sign-key are for --rebuild; drop them or add --rebuild")
     if args.rebuild:
         return run_rebuild(args, reference, registry, key)
     images = verify.verify(registry, reference, grid, key)

@@ -149,6 +149,10 @@ class CiSpec(Strict):
     # SLSA provenance signed keyless by GitHub (actions/attest, Sigstore), pushed beside it as
     # a referrer (docs/security.md: what each path proves, and the SLSA build level it gives)
     github_attestations: bool = False
+    # A second build of each cell in a job of its own, with BuildKit beside the cell job's classic
+    # builder: it signs a rebuild statement when it gives the staged image's ID, and promote waits
+    # for one (publish.require_rebuilds counts at least 1 then).
+    rebuild_check: bool = False
 
     def gpu_runner_for(self, arch: str) -> list[str]:
         if isinstance(self.gpu_runner, list):

@@ -162,7 +162,9 @@ def rebuild(
         )
     found.inputs = len(provenance.build_inputs(cell))
     target = f"{REBUILD_REPOSITORY}:{cell.name}"
-    result = build.build_cell(engine, grid, locks, house, report, build.BuildOptions(no_cache=True), target)
+    result = build.build_cell(
+        engine, grid, locks, house, report, build.BuildOptions(no_cache=True, backend=options.backend), target
+    )
     build.discard_intermediates(engine, [result])
     if not result.has_image:
         raise UserError(f"{reference}: the rebuild of {cell.name} failed: {result.detail}")
@@ -176,6 +178,7 @@ def rebuild(
 class RebuildOptions:
     key: Any = None  # SSlibKey: the signed provenance must hold for this checkout
     offline: bool = False  # download nothing: the cache (or an imported bundle) holds every input
+    backend: str = "sdk"  # the builder that runs the steps: "sdk" (classic) or "buildkit"
 
 
 def compare_layers(
@@ -225,14 +228,15 @@ def differing(published: list[list[Any]], rebuilt: list[list[Any]], limit: int =
 
 
 def attest(
-    registry: Registry, reference: Reference, found: Rebuilt, engine: docker.DockerClient, signer: CryptoSigner
-) -> str:
+    registry: Registry, reference: Reference, found: Rebuilt, engine: docker.DockerClient, signer: CryptoSigner,
+    backend: str = "sdk",
+) -> str:  # fmt: skip
     """Attach a rebuild that gave the published image ID as a signed statement about its digest
     (SLSA's verification summary, naming the engine); returns the engine named."""
     if not found.same:
         raise UserError(f"{reference}: the rebuild differs; no statement is signed for it")
     published = found.published
-    engine_name = daemon.description(engine)
+    engine_name = daemon.description(engine) + (", BuildKit" if backend == "buildkit" else "")
     build_id = str(published.labels.get(build.BUILD_ID_LABEL, ""))
     about = provenance.Subject(f"{reference.registry}/{reference.repository}", published.digest,
                                published.image_id, build_id)  # fmt: skip

@@ -308,7 +308,7 @@ def _staged(
         evidence = trust.signed_evidence(registry, repository, manifest, image_id, cell, key)
         if evidence.provenance_problem is not None:
             return f"{evidence.provenance_problem} on {manifest.digest[:19]}"
-        needed = grid.spec.publish.require_rebuilds
+        needed = required_rebuilds(grid)
         if len(evidence.rebuilt_on) < needed:
             return (
                 f"publish.require_rebuilds is {needed}; {manifest.digest[:19]} carries {len(evidence.rebuilt_on)} "
@@ -322,6 +322,12 @@ def _staged(
         cell, image_id, gated.report, build_id=build_id, digest=manifest.digest,
         image_tag=multiarch.image_tag(grid, cell, compression), gpu_report=gated.gpu_report, compression=compression,
     )  # fmt: skip
+
+
+def required_rebuilds(grid: Matrix) -> int:
+    """Signed rebuilds a tag waits for: publish.require_rebuilds, and at least the one the emitted
+    CI's rebuild job makes where ci.rebuild_check is on."""
+    return max(grid.spec.publish.require_rebuilds, 1 if grid.spec.ci.rebuild_check else 0)
 
 
 def promote(
@@ -340,7 +346,7 @@ def promote(
             "promote reads the reports as attached, unsigned: anyone who can push could have attached them; "
             f"give the team's public key (--key, or {trust.KEY_ENVIRONMENT}) to trust only what it signed"
         )
-        if grid.spec.publish.require_rebuilds:
+        if required_rebuilds(grid):
             raise UserError(
                 "publish.require_rebuilds counts rebuilds the team's key signed: give it (--key, or "
                 f"{trust.KEY_ENVIRONMENT}); nothing promoted",

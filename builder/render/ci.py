@@ -83,6 +83,7 @@ def workflow(grid: Matrix, system: str, registry: str | None = None, names: list
         "actions": pinned_actions(),
         "schedule_file": GITLAB_SCHEDULE_FILE,
         "github_attestations": grid.spec.ci.github_attestations,
+        "rebuild_check": grid.spec.ci.rebuild_check,
         # promote waits for every job before it: the GPU stage, and GitHub's attestations when asked
         "promote_needs": "[" + ", ".join(_promote_needs(grid, chosen)) + "]",
         # the manifests each cell job stages: gzip always, and the zstd form where the matrix adds it
@@ -98,6 +99,8 @@ def _promote_needs(grid: Matrix, chosen: list[Cell]) -> list[str]:
         needs.append("gpu")
     if grid.spec.ci.github_attestations:
         needs.append("attest")
+    if grid.spec.ci.rebuild_check:
+        needs.append("rebuild")
     return needs
 
 

@@ -19,6 +19,7 @@ from builder.config.schema import CiSpec, Selector
 from builder.errors import UserError
 from builder.plan import matrix as matrix_module
 from builder.plan.matrix import load_matrix
+from builder.publish import staging
 from builder.render import ci
 
 REPO = Path(__file__).resolve().parents[2]
@@ -328,3 +329,23 @@ def test_the_staged_digests_step_reads_the_records_publish_writes(grid, tmp_path
     env = {"PATH": os.environ["PATH"], "GITHUB_OUTPUT": str(output)}
     subprocess.run(["bash", "-eo", "pipefail", "-c", script], cwd=tmp_path, env=env, check=True)
     assert sorted(output.read_text().splitlines()) == ["gzip=sha256:" + "a" * 64, "zstd=sha256:" + "b" * 64]
+
+
+def test_the_rebuild_check_builds_each_cell_again_with_buildkit_and_promote_waits_for_it(
+    grid,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
+    """Issue 48: with ci.rebuild_check, a job of its own rebuilds each staged image with another
+    builder than the cell job's, signs the rebuild only where the image IDs agree, and promote
+    (which then counts at least one signed rebuild) waits for it."""
+    assert "rebuild" not in yaml.safe_load(ci.workflow(grid, "github"))["jobs"]
+    grid.spec = grid.spec.model_copy(update={"ci": grid.spec.ci.model_copy(update={"rebuild_check": True})})
+    text = ci.workflow(grid, "github")
+    checked = _validate("github", text, tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    jobs = yaml.safe_load(text)["jobs"]
+    assert jobs["rebuild"]["needs"] == "cell" and "rebuild" in jobs["promote"]["needs"]
+    [run] = [s["run"] for s in jobs["rebuild"]["steps"] if "--rebuild" in s.get("run", "")]
+    assert "--backend buildkit" in run and '"$IMAGE@$digest"' in run
+    assert not any("--backend" in s.get("run", "") for s in jobs["cell"]["steps"])  # the cell job: classic
+    assert staging.required_rebuilds(grid) == 1
