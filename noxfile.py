@@ -127,9 +127,9 @@ def _excludes_integration(posargs: list[str]) -> bool:
 def lint(session: nox.Session) -> None:
     """ruff and mypy."""
     _install(session, "lint")
-    session.run("ruff", "check", "builder", "image", "benchmarks", "tests", "noxfile.py")
-    session.run("ruff", "format", "--check", "builder", "image", "benchmarks", "tests", "noxfile.py")
-    session.run("mypy", "builder", "benchmarks")
+    session.run("ruff", "check", "builder", "image", "benchmarks", "harness", "tests", "noxfile.py")
+    session.run("ruff", "format", "--check", "builder", "image", "benchmarks", "harness", "tests", "noxfile.py")
+    session.run("mypy", "builder", "benchmarks", "harness")
 
 
 @nox.session
@@ -137,7 +137,7 @@ def bench(session: nox.Session) -> None:
     """Benchmarks, ratios side by side in one run (targets in README)."""
     _install(session)
     _ensure_engine(session)
-    # The checkout on the path: the bench uses tests/support (the loopback registry, ctr, Docker 29).
+    # The checkout on the path: the bench uses harness/ (the loopback registry, ctr, Docker 29), never tests/.
     session.run("python", "benchmarks/bench.py", *session.posargs, env={"PYTHONUNBUFFERED": "1", "PYTHONPATH": "."})
 
 

@@ -61,7 +61,7 @@ from builder.plan.cell import Cell
 from builder.publish import multiarch, recompress, soci
 from builder.render import render
 from builder.wheelhouse import served, wheelchoice, wheelhouse, wheelserver
-from tests.support import containerd, loopback
+from harness import containerd, loopback
 
 console = Console(width=170)
 
@@ -281,9 +281,9 @@ NORMALIZE_RATIO = 1.25
 
 def bench_normalization_docker29(grid: matrix.Matrix, cell: Cell) -> Row:
     """The same row on Docker 29 with its default containerd image store, started beside the
-    host's engine (tests/support/docker29.py) and stopped after; its base is loaded first, untimed."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests/support
-    from tests.support import docker29
+    host's engine (harness/docker29.py) and stopped after; its base is loaded first, untimed."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: harness/
+    from harness import docker29
 
     results: list[build.BuildResult] = []
     with docker29.running("containerd") as engine, _environment(engine.environment()):
@@ -565,9 +565,8 @@ LAZY_RATIO = 0.4
 
 def bench_lazy(grid: matrix.Matrix, cell: Cell | None = None) -> list[Row]:
     """The flagship's first start on an empty node: gzip, zstd and lazy (SOCI) forms, each from
-    the pull's start to `import torch` finishing in a container (tests/support/lazy.py says how)."""
-    from tests import registry_fixtures
-    from tests.support import lazy
+    the pull's start to `import torch` finishing in a container (harness/lazy.py says how)."""
+    from harness import lazy, registry_fixtures
 
     if not lazy.available():
         return [Row("first start, lazy (SOCI)", "-", "no containerd or ctr here", None, "-", None)]

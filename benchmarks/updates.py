@@ -39,7 +39,7 @@ from builder.plan import matrix
 from builder.plan.cell import Cell
 from builder.repro import recorded
 from builder.wheelhouse import wheelhouse
-from tests.support import containerd
+from harness import containerd
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 OSV_FIXTURES = REPOSITORY / "tests" / "fixtures" / "osv"

@@ -26,8 +26,8 @@ from builder.oci.registry import Registry
 from builder.plan import matrix
 from builder.plan.cell import Cell
 from builder.wheelhouse import wheelhouse
-from tests import engine_state, registry_fixtures
-from tests.support import loopback
+from harness import loopback, registry_fixtures
+from tests import engine_state
 
 REPO = Path(__file__).resolve().parents[2]
 

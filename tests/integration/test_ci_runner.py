@@ -3,7 +3,7 @@
 Its `run:` steps, word for word, as a non-root user in the docker group with passwordless sudo
 who cannot create user namespaces (tests/hosted_runner.py), in a fresh copy of the tree, with a
 fresh cache, on the engine GitHub's ubuntu-24.04 runners now have (Docker 29 with its containerd
-image store, tests/support/docker29.py, its data root fresh and its CLI on the user's PATH), on
+image store, harness/docker29.py, its data root fresh and its CLI on the user's PATH), on
 a host without mmdebstrap: the cell job installs what it needs, bootstraps, builds, self-tests and stages into
 a loopback registry with credentials from `docker login`, signing with the key its secret holds;
 the promote job then promotes from the registry alone, and `verify --key` finds the SBOM, the
@@ -37,8 +37,8 @@ from builder.oci.registry import Registry
 from builder.plan import matrix
 from builder.publish import provenance, publish, staging, verify
 from builder.render import ci
+from harness import docker29
 from tests import hosted_runner
-from tests.support import docker29
 
 pytestmark = pytest.mark.integration
 

@@ -20,8 +20,9 @@ import pytest
 
 from builder.engine import ids
 from builder.repro import recorded
+from harness import docker29
 from tests.integration.conftest import REPO, BuiltCell, RunningRegistry
-from tests.support import docker29, lowerlink
+from tests.support import lowerlink
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 

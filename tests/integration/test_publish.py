@@ -30,9 +30,8 @@ from builder.oci.registry import OCI_MANIFEST, Manifest, Registry
 from builder.plan.matrix import Matrix
 from builder.publish import cosign_tag, existing, provenance, publish, rebuild, reports, soci, staging, verify
 from builder.wheelhouse import wheelhouse
-from tests import registry_fixtures
+from harness import lazy, loopback, registry_fixtures, verifiers
 from tests.integration.conftest import BuiltCell, RunningRegistry
-from tests.support import lazy, loopback, verifiers
 
 pytestmark = pytest.mark.integration
 
@@ -871,7 +870,7 @@ def test_publish_soci_attaches_an_index_by_which_a_node_starts_the_image_lazily(
     assert [e["digest"] for e in api.referrers("torch", item.digest, soci.INDEX_TYPE)] == [index_digest]
 
     # A node: the registry's storage served over plain HTTP too, where soci-snapshotter 0.4
-    # fetches a loopback registry's layers (tests/support/lazy.py).
+    # fetches a loopback registry's layers (harness/lazy.py).
     assert registry.root is not None and registry.ca is not None
     plain_root = tmp_path / "registry-plain"
     plain_root.mkdir()

@@ -17,8 +17,8 @@ from builder.assemble import smoke
 from builder.errors import UserError
 from builder.plan.matrix import Matrix
 from builder.publish import publish, recompress, reports, staging
+from harness import containerd
 from tests.integration.conftest import BuiltCell, RunningRegistry
-from tests.support import containerd
 
 pytestmark = pytest.mark.integration
 NAMESPACE = "torch-images-test"

@@ -4,6 +4,7 @@ structure walk (tests/support/walk.py) sees a climb back where there is one."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import re
 import shutil
@@ -98,3 +99,12 @@ def test_the_walk_counts_a_callback_that_climbs_back_into_a_file_on_the_stack(tm
     # top.helper calls low.leaf while low.run is still below: two climbs back.
     assert summary["climbs"] == ["low.py:run -> top.py:build_cell.<locals>.<lambda>", "top.py:helper -> low.py:leaf"]
     assert summary["stops"] == 5 and summary["files"] == 2
+
+
+def test_the_benchmarks_import_nothing_from_the_tests() -> None:
+    """Issue 49: what both need (loopback registries, Docker 29, ctr) lives in harness/."""
+    for path in (REPO / "benchmarks").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        assert not [m for m in imported if m == "tests" or m.startswith("tests.")], path

@@ -1,7 +1,7 @@
 """A lazy first start: the flagship's SOCI index beside its gzip form, against full pulls.
 
 A node is a containerd of its own (Debian's, its own root and socket) with AWS's SOCI
-snapshotter as a proxy plugin (Debian's soci-snapshotter, tests/support/verifiers.py pins it),
+snapshotter as a proxy plugin (Debian's soci-snapshotter, harness/verifiers.py pins it),
 both started from empty for each measurement, so every run starts with an empty content store.
 Each form is timed from the pull's start to `python3 -c "import torch; print(torch.ones(2) + 1)"`
 finishing in a container of it, and the bytes fetched are counted over the wire by a relay in
@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support import containerd, verifiers
+from harness import containerd, verifiers
 
 SOCI_ROOT = Path("/var/lib/soci-snapshotter-grpc")  # the soci CLI's content store: it has no option to move it
 NAMESPACE = "bench"
