@@ -136,3 +136,9 @@ def test_every_size_and_time_the_front_page_claims_is_one_the_bench_measured() -
         assert any(round(m, places) == float(value) for m in measured.get(unit, ())), f"{value} {unit}"
     # Control: a figure the bench never measured is caught.
     assert not any(round(m, 1) == 4.2 for m in measured.get("GB", ()))
+
+
+def test_the_front_page_keeps_its_lines_under_120_characters() -> None:
+    """Issue 49: a front door read in a terminal or a diff; tables and code blocks too."""
+    long = [n for n, line in enumerate(README.read_text().splitlines(), 1) if len(line) > 120]
+    assert not long, f"README.md lines over 120 characters: {long}"
