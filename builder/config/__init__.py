@@ -1,0 +1,1 @@
+"""The input files (matrix.yaml, data/*.yaml), validated: each value against its grammar, the first error as file:line."""

@@ -1,0 +1,1 @@
+"""Hash-pinned inputs: requirements.lock, debian.lock, their signed indexes, and the audit against security fixes."""

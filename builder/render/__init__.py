@@ -1,0 +1,1 @@
+"""Dockerfiles and CI workflows, from templates/ and values every one of which was validated."""

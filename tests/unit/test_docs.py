@@ -4,15 +4,19 @@ in docs/ resolves (the file, and the heading an anchor names)."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
+import yaml
 
 from builder import cli
+from harness import docs_tables
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -142,3 +146,24 @@ def test_the_front_page_keeps_its_lines_under_120_characters() -> None:
     """Issue 49: a front door read in a terminal or a diff; tables and code blocks too."""
     long = [n for n, line in enumerate(README.read_text().splitlines(), 1) if len(line) > 120]
     assert not long, f"README.md lines over 120 characters: {long}"
+
+
+def test_the_docs_that_come_from_the_code_are_what_the_code_gives() -> None:
+    """Issue 49: docs/development.md's layout table and docs/matrix.schema.json are written by
+    `python -m harness.docs_tables` from the modules' docstrings and matrix.yaml's typed fields."""
+    assert docs_tables.with_layout(docs_tables.DEVELOPMENT.read_text()) == docs_tables.DEVELOPMENT.read_text(), (
+        "docs/development.md's layout table is stale: run python -m harness.docs_tables"
+    )
+    assert docs_tables.SCHEMA.read_text() == docs_tables.matrix_schema(), (
+        "docs/matrix.schema.json is stale: run python -m harness.docs_tables"
+    )
+    assert (REPO / "matrix.yaml").read_text().startswith("# yaml-language-server: $schema=docs/matrix.schema.json\n")
+
+
+def test_the_schema_accepts_the_matrix_and_refuses_an_unknown_key(tmp_path: Path) -> None:
+    """Editors validate matrix.yaml by it: the shipped matrix passes, a misspelt key does not."""
+    schema = json.loads(docs_tables.SCHEMA.read_text())
+    data = yaml.safe_load((REPO / "matrix.yaml").read_text())
+    jsonschema.validate(data, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**data, "registy": "x"}, schema)
