@@ -19,11 +19,11 @@ import docker
 import docker.errors
 import docker.models.images
 
-from builder import times
+from builder import confined, paths, times
 from builder.assemble import backends, size
 from builder.assemble.backends import BuildRequest
 from builder.assemble.context import build_id
-from builder.config import layout
+from builder.config import grammar, layout
 from builder.config import platform as platforms
 from builder.engine import bases, emulation, ids
 from builder.errors import UserError
@@ -205,6 +205,7 @@ def build_cell(
     if options.published is not None and options.published(result.build_id):
         report(f"{cell.name}: build ID {result.build_id[:12]} is already in the registry; not built")
         result.state, result.seconds = BuildState.IN_REGISTRY, time.monotonic() - started
+        record_in_registry(cell, result.build_id)
         return result
     normalized_at = times.iso_utc(grid.spec.source_date_epoch).removesuffix("Z") if options.normalize else None
     existing = None if options.no_cache else _existing_build(engine, reference, result.build_id, normalized_at)
@@ -259,6 +260,22 @@ def build_cell(
     result.image_id, result.size_bytes = ids.config_digest(engine, reference), int(image.attrs["Size"])
     result.state = BuildState.BUILT
     return _within_budget(engine, grid, cell, result)
+
+
+IN_REGISTRY_DIR = "in-registry"  # under the cache: the build ID `build --skip-existing` found published
+
+
+def record_in_registry(cell: Cell, build_id: str) -> None:
+    """Keep the build ID a build found in the registry, for the stage that follows it in the same
+    job (publish --stage): it reads it here instead of bootstrapping the base again to compute it."""
+    (paths.cache_dir(IN_REGISTRY_DIR) / cell.name).write_text(build_id + "\n")
+
+
+def recorded_in_registry(cell: Cell) -> str | None:
+    """The build ID `build --skip-existing` last found published for the cell, if any."""
+    path = paths.cache_dir(IN_REGISTRY_DIR) / cell.name
+    text = confined.read_bytes(path, 256).decode(errors="replace").strip() if path.exists() else ""
+    return text if grammar.BUILD_ID.matches(text) else None
 
 
 def _untag_raw(engine: docker.DockerClient, reference: str, raw_id: str) -> str:

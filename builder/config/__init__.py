@@ -1,1 +1,2 @@
-"""The input files (matrix.yaml, data/*.yaml), validated: each value against its grammar, the first error as file:line."""
+"""The input files (matrix.yaml, data/*.yaml), validated: each value against its grammar, the
+first error as file:line."""

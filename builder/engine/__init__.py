@@ -1,1 +1,2 @@
-"""The Docker engine the later stages use: connecting and starting it, bases, the one tar encoding of a layer, image IDs."""
+"""The Docker engine the later stages use: connecting and starting it, bases, the one tar encoding
+of a layer, image IDs."""

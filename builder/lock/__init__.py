@@ -1,1 +1,2 @@
-"""Hash-pinned inputs: requirements.lock, debian.lock, their signed indexes, and the audit against security fixes."""
+"""Hash-pinned inputs: requirements.lock, debian.lock, their signed indexes, and the audit against
+security fixes."""

@@ -1,1 +1,2 @@
-"""The registry: the gate, pushes, attachments and their signatures, staging and promotion, verify and rebuild."""
+"""The registry: the gate, pushes, attachments and their signatures, staging and promotion, verify
+and rebuild."""

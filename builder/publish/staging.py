@@ -132,8 +132,15 @@ def _stage_published(
     compression: str,
     report: Report,
 ) -> Publication:
-    """A cell not built here because its build is in the registry: stage that manifest."""
-    _, build_id = build.cell_build_id(engine, grid, build.preflight(cell, grid), report=report)
+    """A cell not built here because its build is in the registry: stage that manifest. Its build
+    ID is the one `build --skip-existing` found published in this job (kept in the cache), not
+    computed again by bootstrapping the base."""
+    build_id = build.recorded_in_registry(cell)
+    if build_id is None:
+        raise UserError(
+            f"{cell.name}: not built here, and no build found it in the registry; run `python -m builder build "
+            f"--skip-existing {cell.name}` first"
+        )
     if not existing.is_published(registry, grid, cell, build_id):
         raise UserError(
             f"{cell.name}: not built here and build ID {build_id[:12]} is not in {grid.spec.registry}; "

@@ -1,1 +1,2 @@
-"""Reproducible images: the pass after a build that rewrites every layer and the config in the builder's encoding."""
+"""Reproducible images: the pass after a build that rewrites every layer and the config in the
+builder's encoding."""

@@ -300,6 +300,7 @@ def test_skip_existing_does_not_build_a_cell_whose_build_id_is_in_the_registry(
 
     skipped = build_against(registry)
     assert skipped.status == "in registry" and skipped.image_id == ""
+    assert build.recorded_in_registry(built.cell) == skipped.build_id  # what the stage step after it reads
     assert existing.published_build_id(registry.api(), "torch", built.cell.tag) == skipped.build_id == item.build_id
     assert build_against(empty).status == "unchanged"  # not in that registry: the engine's copy is found instead
 
@@ -356,6 +357,7 @@ def test_ci_stages_each_cell_then_promotes_from_the_registry_alone(
     assert record["digest"] == staged.digest and record["build_id"] == staged.build_id and promoted.image_id
 
     # A cell `build --skip-existing` did not build (no local image) is staged from the registry.
+    build.record_in_registry(built.cell, built.build_id)  # as that build, in the same job, left it
     local = built.client.images.get(built.reference)
     built.client.images.remove(built.reference)
     try:
