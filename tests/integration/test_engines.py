@@ -19,6 +19,8 @@ import docker
 import pytest
 
 from builder.engine import ids
+from builder.plan.matrix import Matrix
+from builder.publish import publish
 from builder.repro import recorded
 from harness import docker29
 from tests.integration.conftest import REPO, BuiltCell, RunningRegistry
@@ -52,24 +54,46 @@ def _client(engine: docker29.Engine) -> docker.DockerClient:
     return docker.DockerClient(base_url=engine.docker_host, version="auto")
 
 
-def test_the_cpu_cell_builds_to_its_recorded_image_id_on_docker_29(engine29: docker29.Engine, built: BuiltCell) -> None:
+def _published_from_the_host(built: BuiltCell, smoke: object, registry: RunningRegistry, tmp_path: Path) -> str:
+    """The CPU cell as the host's engine (Docker 20.10) published it to a loopback registry."""
+    grid = Matrix(built.grid.path, built.grid.spec.model_copy(update={"registry": registry.host}), built.grid.cells,
+                  built.grid.rejected)  # fmt: skip
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n{publish.TABLE_START}\n{publish.TABLE_END}\n")
+    publish.publish(built.client, grid, [built.cell], lambda _: None, tmp_path / "records", readme)
+    return f"{registry.host}/torch:{built.cell.tag}"
+
+
+def test_docker_29_rebuilds_a_tag_the_host_published_to_its_recorded_image_id(
+    engine29: docker29.Engine,
+    built: BuiltCell,
+    smoke_result: object,
+    start_registry,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    """The CPU cell published from Docker 20.10, rebuilt on Docker 29 through the CLI as a user
+    would check a tag (`verify --rebuild`, no cache, an empty data root): the recorded image ID,
+    the one the host's engine gave (issue 48: each engine rebuilds a tag another published)."""
     client = _client(engine29)
     assert client.version()["Version"].startswith("29.")
     uses_containerd = any("containerd.snapshotter" in str(pair) for pair in client.info().get("DriverStatus") or [])
     assert uses_containerd == (engine29.store == "containerd")
     record = recorded.read(built.cell)
     assert record is not None and built.image_id == record.image_id  # the host's engine gives it too
-    result = _builder(engine29, "build", "--no-smoke", built.cell.name)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    said = result.stdout + result.stderr  # progress lines go to stderr, the summary to stdout
-    assert f"the recorded image ID {record.image_id[7:19]}" in said
+    reference = _published_from_the_host(built, smoke_result, start_registry(), tmp_path)
+    result = _builder(engine29, "verify", "--rebuild", reference)
+    said = result.stdout + result.stderr  # progress lines go to stderr, the verdict to stdout
+    assert result.returncode == 0, said[-3000:]
+    assert f"rebuilt {reference}: the same image ID {record.image_id}" in said
     assert "Traceback" not in said
     # The containerd store's blobs are read where containerd keeps them (docker save is 48 MB/s
     # there); overlay2's layers are read from the folders the engine names (docker save first
     # writes them all out again).
     source = "containerd's content store" if engine29.store == "containerd" else "the overlay2 driver's layer folders"
     assert f"the engine's layers read from {source}" in said
-    assert ids.config_digest(client, built.reference) == record.image_id
+    rebuilt = f"torch-images/rebuild:{built.cell.name}"
+    assert ids.config_digest(client, rebuilt) == record.image_id
+    client.images.get(rebuilt).tag(*built.reference.split(":", 1))  # the cell's tag, for the tests below
     if engine29.store == "containerd":  # the engine a new user gets: the self-test runs there (always, with `smoke`)
         tested = _builder(engine29, "smoke", built.cell.name)
         assert tested.returncode == 0, tested.stdout[-3000:] + tested.stderr[-3000:]
@@ -107,6 +131,15 @@ def test_publish_and_verify_from_docker_29s_containerd_store(
     # Publishing again finds the same image in the registry: nothing is pushed.
     again = _builder(engine29, *arguments, "publish", built.cell.name)
     assert again.returncode == 0 and "unchanged" in again.stdout + again.stderr, again.stdout[-2000:]
+    # The host's engine (Docker 20.10) rebuilds the tag Docker 29 published: the same image ID.
+    reference = f"{registry.host}/torch:{built.cell.tag}"
+    rebuilt = subprocess.run(
+        [sys.executable, "-m", "builder", "verify", "--rebuild", reference],
+        cwd=REPO, capture_output=True, text=True, timeout=1200, check=False,
+    )  # fmt: skip
+    assert rebuilt.returncode == 0, rebuilt.stdout[-3000:] + rebuilt.stderr[-3000:]
+    assert f"rebuilt {reference}: the same image ID {built.image_id}" in rebuilt.stdout
+    built.client.images.remove(f"torch-images/rebuild:{built.cell.name}")
 
 
 def test_a_step_linking_a_lower_layers_file_reads_the_same_from_docker_29s_containerd_store(
