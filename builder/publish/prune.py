@@ -208,7 +208,8 @@ def _about_gone(statement: _Statement, image_id: str, documents: set[str], ident
         configuration = predicate.get("configuration")
         first = configuration[0] if isinstance(configuration, list) and configuration else {}
         named = first.get("digest", {}).get("sha256") if isinstance(first, dict) else None
-        return predicate.get("result") == "PASSED" and isinstance(named, str) and named in documents
+        # a pass with warnings is WARNED; only FAILED is a failure, and that is never pruned
+        return predicate.get("result") in ("PASSED", "WARNED") and isinstance(named, str) and named in documents
     return False
 
 

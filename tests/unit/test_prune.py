@@ -77,6 +77,7 @@ def test_a_signed_statement_goes_only_with_the_passing_report_it_is_about() -> N
     result = {"result": "PASSED", "configuration": [{"digest": {"sha256": "d1"}}]}
     assert about(prune.provenance.TEST_RESULT, result, {"d1"}, set())
     assert not about(prune.provenance.TEST_RESULT, result, {"d2"}, set())
+    assert about(prune.provenance.TEST_RESULT, {**result, "result": "WARNED"}, {"d1"}, set())  # a pass, warned
     assert not about(prune.provenance.TEST_RESULT, {**result, "result": "FAILED"}, {"d1"}, set())
     assert not about(prune.provenance.PROVENANCE, {}, {"d1"}, gone)  # provenance never goes
 
