@@ -4,11 +4,16 @@ a failure, and never what does not prove itself this digest's own attachment."""
 
 from __future__ import annotations
 
-from typing import Any
+import hashlib
+import http.server
+import json
+import threading
+from typing import Any, ClassVar
 
 import pytest
 
 from builder.assemble import smoke
+from builder.oci.registry import OCI_INDEX, OCI_MANIFEST, Registry
 from builder.publish import prune, reports
 
 IMAGE = "sha256:" + "a" * 64
@@ -115,3 +120,88 @@ def test_only_a_manifest_that_names_this_digest_as_its_subject_is_proven(manifes
     registry = _Registry({"sha256:x": manifest} if manifest is not None else {})
     found = prune._proven_manifest(registry, "torch", "sha256:x", DIGEST, (reports.SELFTEST_TYPE,))  # type: ignore[arg-type]
     assert (found is not None) == proven
+
+
+class _ReferrersApi(http.server.BaseHTTPRequestHandler):
+    """A registry with the referrers API, whose listing of a digest's reports was written by a
+    party with push rights: it lists the digest's own report beside another cell's released image
+    (no subject) and another image's failed report (another subject). Deletes are recorded."""
+
+    manifests: ClassVar[dict[str, bytes]] = {}
+    blobs: ClassVar[dict[str, bytes]] = {}
+    listed: ClassVar[list[dict[str, Any]]] = []
+    deleted: ClassVar[list[str]] = []
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def _send(self, status: int, body: bytes = b"", content_type: str = "") -> None:
+        self.send_response(status)
+        if content_type:
+            self.send_header("Content-Type", content_type)
+            self.send_header("Docker-Content-Digest", "sha256:" + hashlib.sha256(body).hexdigest())
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        path = self.path.split("?")[0]
+        reference = path.rsplit("/", 1)[-1]
+        if "/referrers/" in path:
+            index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": self.listed}
+            self._send(200, json.dumps(index).encode(), OCI_INDEX)
+        elif "/manifests/" in path and reference in self.manifests:
+            self._send(200, self.manifests[reference], OCI_MANIFEST)
+        elif "/blobs/" in path and reference in self.blobs:
+            self._send(200, self.blobs[reference], "application/octet-stream")
+        else:
+            self._send(404)
+
+    def do_DELETE(self) -> None:
+        self.deleted.append(self.path.rsplit("/", 1)[-1])
+        self._send(202)
+
+
+def _serve(document: dict[str, Any]) -> str:
+    body = json.dumps(document).encode()
+    digest = "sha256:" + hashlib.sha256(body).hexdigest()
+    _ReferrersApi.manifests[digest] = body
+    return digest
+
+
+def _report_artifact(subject: str | None, report: dict[str, Any]) -> str:
+    blob = json.dumps(report).encode()
+    layer = "sha256:" + hashlib.sha256(blob).hexdigest()
+    _ReferrersApi.blobs[layer] = blob
+    document: dict[str, Any] = {
+        "schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": reports.SELFTEST_TYPE,
+        "config": {"mediaType": "application/vnd.oci.empty.v1+json", "digest": "sha256:" + "4" * 64, "size": 2},
+        "layers": [{"mediaType": reports.SELFTEST_TYPE, "digest": layer, "size": len(blob)}],
+    }  # fmt: skip
+    if subject is not None:
+        document["subject"] = {"mediaType": OCI_MANIFEST, "digest": subject, "size": 2}
+    return _serve(document)
+
+
+def test_on_a_registry_with_the_referrers_api_only_a_proven_attachment_is_deleted() -> None:
+    """Issue 47: a listing is a hint, never proof; the manifest itself must name this digest."""
+    _ReferrersApi.manifests, _ReferrersApi.blobs, _ReferrersApi.deleted = {}, {}, []
+    other_image = "sha256:" + "e" * 64
+    stale = _report_artifact(DIGEST, _report("cpu", "2020-01-01T00:00:00Z", image_id="sha256:" + "b" * 64))
+    released = _serve({"schemaVersion": 2, "mediaType": OCI_MANIFEST,  # another cell's image: no subject
+                       "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                                  "digest": "sha256:" + "5" * 64, "size": 2},
+                       "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                                   "digest": "sha256:" + "6" * 64, "size": 9}]})  # fmt: skip
+    elsewhere = _report_artifact(other_image, _report("NVIDIA H200", "2026-01-01T00:00:00Z", status="fail"))
+    _ReferrersApi.listed = [{"mediaType": OCI_MANIFEST, "digest": d, "size": 1, "artifactType": reports.SELFTEST_TYPE}
+                            for d in (stale, released, elsewhere)]  # fmt: skip
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ReferrersApi)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = Registry(f"127.0.0.1:{server.server_address[1]}", retries=0)
+        pruned = prune.prune_digest(client, "torch", "tag", DIGEST, IMAGE)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert pruned.reports == [stale] and _ReferrersApi.deleted == [stale]
