@@ -1,6 +1,7 @@
 """`build` on the real engine: one pass over each cell's inputs, the self-test of a cell with a
-recorded image ID is not skipped, and a cell's build goes down through the stages without
-climbing back into a file it came through (tests/support/walk.py)."""
+recorded image ID is not skipped, and no call of a cell's build goes into a file that is still
+on the stack below it (tests/support/walk.py: a callback or a base class calling back up; the
+returns and sibling calls the house issue also counts are not what this test checks)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def test_a_build_reads_and_checks_each_cells_inputs_once(
     assert "unchanged" in output and "self-test pass" in output  # the recorded-ID note did not skip it
 
 
-def test_a_cells_build_goes_down_through_the_stages_without_climbing_back(built: BuiltCell) -> None:
+def test_no_call_of_a_cells_build_goes_back_into_a_file_still_on_its_stack(built: BuiltCell) -> None:
     code, summary = walk.trace(["--matrix", str(built.grid.path), "--no-cache", "--no-smoke", built.cell.name])
     assert code == 0
     # The whole build was traced: from the base through the engine to the canonical pass.
