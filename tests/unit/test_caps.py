@@ -233,7 +233,7 @@ def test_artifacts_verify_reads_at_their_cap_and_past_it_are_refused(hostile: tu
     found = verify.ImageFindings(subject.digest, "")
     assert len(verify._artifacts(client, "torch", subject, found)) == verify.MAX_ARTIFACTS and not found.problems
     _serve_attached(handler, subject.digest, verify.MAX_ARTIFACTS + 1)
-    with pytest.raises(UserError, match=f"lists {verify.MAX_ARTIFACTS + 1} artifacts, more than"):
+    with pytest.raises(UserError, match=f"lists {verify.MAX_ARTIFACTS + 1} SBOMs, reports and attestations, more"):
         verify._artifacts(client, "torch", subject, found)
 
 

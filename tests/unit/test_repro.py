@@ -443,9 +443,9 @@ def test_a_file_manifest_lists_paths_kinds_and_content_digests() -> None:
     data = engine_tar([("d", "dir", "", 1), ("d/f", "file", b"x", 1), ("d/g", "link", "d/f", 1)], go_style=False)
     rows = layers.file_manifest(io.BytesIO(data))
     assert rows == [
-        ["d", "dir", "0o755", 0, ""],
-        ["d/f", "file", "0o644", 1, "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"],
-        ["d/g", "hardlink", "0o644", 0, "d/f"],
+        ["d", "dir", "0o755", 0, "", "0:0"],
+        ["d/f", "file", "0o644", 1, "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881", "0:0"],
+        ["d/g", "hardlink", "0o644", 0, "d/f", "0:0"],
     ]
 
 
