@@ -58,7 +58,7 @@ from builder.lock import requirements as lock
 from builder.oci.registry import OCI_MANIFEST, Manifest, Registry
 from builder.plan import matrix
 from builder.plan.cell import Cell
-from builder.publish import multiarch, recompress, soci
+from builder.publish import attachments, multiarch, recompress, soci
 from builder.render import render
 from builder.wheelhouse import served, wheelchoice, wheelhouse, wheelserver
 from harness import containerd, loopback
@@ -576,9 +576,8 @@ def bench_lazy(grid: matrix.Matrix, cell: Cell | None = None) -> list[Row]:
     with tempfile.TemporaryDirectory() as scratch, loopback.registry(Path(scratch, "registry")) as host:
         api = Registry(host)
         gzip_form = updates.push_form(client, host, reference, "gzip")
-        zstd_form = recompress.push_zstd_form(
-            client, api, "bench", gzip_form, grid.spec.publish.zstd_level, lambda _: None
-        )
+        how = recompress.Recompression(grid.spec.publish.zstd_level, lambda _: None)
+        zstd_form = recompress.push_zstd_form(client, api, "bench", gzip_form, how)
         api.put_manifest("bench", "zstd", zstd_form)
         # The same storage served over HTTPS as well: soci-snapshotter 0.4 fetches SOCI indexes
         # over HTTPS only. Every form is pulled from there, through a relay that counts bytes.
@@ -589,9 +588,8 @@ def bench_lazy(grid: matrix.Matrix, cell: Cell | None = None) -> list[Row]:
         root = Path(scratch, "node")
         with loopback.registry(secure_root, tls=loopback.Tls(pki.certificate, pki.key)) as secure:
             found = soci.tools(client)  # what `publish` does with publish.soci: true
-            index = soci.attach_index(
-                Registry(secure, ca_file=pki.ca), "bench", gzip_form.digest, found, lambda _: None
-            )
+            door = attachments.Door(Registry(secure, ca_file=pki.ca), "bench")
+            index = soci.attach_index(door, gzip_form.digest, found, lambda _: None)
             relays = [updates.CountingRelay(secure), updates.CountingRelay(host)]  # HTTPS, and plain HTTP for layers
             starts: dict[str, tuple[lazy.FirstStart, int]] = {}
             try:
@@ -706,7 +704,8 @@ def bench_zstd(grid: matrix.Matrix) -> list[Row]:
             cache.mkdir()
             with _zstd_cache(cache):
                 seconds = _seconds(lambda: forms.append(
-                    recompress.push_zstd_form(client, api, "bench", gzip_form, level, lambda _: None)
+                    recompress.push_zstd_form(client, api, "bench", gzip_form,
+                                              recompress.Recompression(level, lambda _: None))
                 ))  # fmt: skip
             if attempt == 0:
                 zstd_s = seconds

@@ -17,6 +17,7 @@ from builder.commands.common import (
 from builder.engine import daemon
 from builder.errors import UserError
 from builder.publish import provenance, prune, publish, staging, trust
+from builder.publish.publisher import Publisher
 
 
 def add(register: Register) -> None:
@@ -117,26 +118,21 @@ def run(args: argparse.Namespace) -> int:
         staging.check_run(args.run)
         registry = registry_of(grid, args)
         if args.gpu_test:
-            failures = staging.gpu_test(daemon.client(), registry, grid, cells, args.run, say, signer, key)
+            publisher = Publisher(registry, grid, say, daemon.client(), signer, key)
+            failures = staging.gpu_test(publisher, cells, args.run)
             return 0 if all(why is None for why in failures) else 1
         if args.stage:
-            items = staging.stage(daemon.client(), registry, grid, cells, args.run, say, signer)
+            items = staging.stage(Publisher(registry, grid, say, daemon.client(), signer), cells, args.run)
             for item in items:
                 console.print(f"{item.cell.name}: staged {grid.spec.registry}/{grid.spec.repository}:{item.target}")
             if args.staged_record is not None:
                 staging.write_staged(args.staged_record, grid, args.run, items)
             return 0
-        items = staging.promote(registry, grid, cells, args.run, say, key=key, staged_record=args.staged_record)
+        publisher = Publisher(registry, grid, say, key=key)
+        items = staging.promote(publisher, cells, args.run, staged_record=args.staged_record)
     else:
-        items = publish.publish(
-            daemon.client(),
-            grid,
-            cells,
-            say,
-            ca_file=args.registry_ca,
-            insecure=args.insecure_registry,
-            signer=signer,
-        )
+        options = publish.PublishOptions(ca_file=args.registry_ca, insecure=args.insecure_registry, signer=signer)
+        items = publish.publish(daemon.client(), grid, cells, say, options)
     for item in items:
         state = "unchanged" if item.unchanged and not item.moved_aliases else "published"
         where = f" ({item.cell.platform} {item.target} {item.digest})" if item.tag_digest else ""

@@ -41,7 +41,7 @@ from builder.assemble import smoke
 from builder.config import vex
 from builder.errors import UserError
 from builder.plan.cell import Cell
-from builder.publish import cosign_tag, reports, tags
+from builder.publish import reports
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 # Attestations are attached as Sigstore bundles (v0.3: the DSSE envelope and the key's hint), as
@@ -474,72 +474,7 @@ def builder_version() -> str:
         return "unknown"
 
 
-def verified_kinds(registry: Any, repository: str, digest: str, image_id: str, key: SSlibKey) -> set[str]:
-    """The predicate types of the statements `key` signed about exactly this digest and image ID:
-    what a digest carries, decided by verifying envelopes, never by what annotations claim."""
-    kinds = set()
-    listed = attested(registry, repository, digest)
-    if len(listed) > MAX_VERIFIED:
-        raise UserError(f"{digest[:19]} carries {len(listed)} attestations, more than the {MAX_VERIFIED} read")
-    for entry in listed:
-        artifact_type = str(entry.get("artifactType", BUNDLE_TYPE))
-        try:
-            document = registry.artifact(repository, str(entry.get("digest", "")), MAX_ENVELOPE_BYTES)
-            statement = verified_statement(document, artifact_type, key, digest, image_id)
-        except UserError:
-            continue
-        kinds.add(str(statement.get("predicateType")))
-    return kinds
-
-
-def attested(registry: Any, repository: str, digest: str) -> list[dict[str, Any]]:
-    """The attestations' referrer entries on `digest`, both forms (signature unchecked)."""
-    entries: list[dict[str, Any]] = []
-    for artifact_type in SIGNED_TYPES:
-        entries += registry.referrers(repository, digest, artifact_type)
-    return entries
-
-
-def attach(
-    registry: Any, repository: str, subject_manifest: Any, tag: str, statement: dict[str, Any], signer: CryptoSigner
-) -> str:
-    """Sign `statement` and attach it as a Sigstore bundle to the manifest, under `tag` too, and
-    its envelope in cosign 2's `.att` form beside it."""
-    predicate_type = str(statement["predicateType"])
-    document = bundle_document(statement, signer)
-    annotations = {
-        PREDICATE_ANNOTATION: predicate_type,
-        "dev.sigstore.bundle.content": "dsse-envelope",  # what cosign writes and reads
-        COSIGN_PREDICATE_ANNOTATION: predicate_type,
-    }
-    body = json.dumps(document, sort_keys=True).encode()
-    digest: str = registry.push_artifact(repository, tag, body, BUNDLE_TYPE, annotations, subject_manifest)
-    cosign_tag.append(registry, repository, subject_manifest.digest, document["dsseEnvelope"], predicate_type)
-    return digest
-
-
-def attach_report(
-    registry: Any,
-    repository: str,
-    subject_manifest: Any,
-    target: str,
-    about: Subject,
-    report: dict[str, Any],
-    signer: CryptoSigner,
-) -> str:
-    """A self-test report as two signed statements about `about`, attached beside the report:
-    the full report (`<tag>.selftest.att`, `<tag>.selftest-gpu-<model>.att`), which the gates
-    read, and in-toto's test result naming it by digest (`....result.att`), which policies read.
-    Returns the first's digest."""
-    name = reports.artifact_tag(target, report)
-    attach(
-        registry,
-        repository,
-        subject_manifest,
-        tags.fitted(f"{name}.result.att"),
-        test_result_statement(about, report),
-        signer,
-    )
-    return attach(
-        registry, repository, subject_manifest, tags.fitted(f"{name}.att"), selftest_statement(about, report), signer
-    )
+def decoded_statement(envelope: dict[str, Any], name: str) -> Any:
+    """What an envelope's payload says, unverified: for reading what a statement is about, never
+    for trusting it."""
+    return jsonread.loads(base64.b64decode(str(envelope.get("payload", ""))), name)

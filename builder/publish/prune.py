@@ -23,7 +23,6 @@ must allow deleting manifests (distribution's `storage.delete.enabled`; GHCR and
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -31,14 +30,13 @@ from typing import Any
 
 from securesystemslib.signer import SSlibKey
 
-from builder import jsonread
 from builder.assemble import smoke
 from builder.errors import UserError
 from builder.oci.registry import Registry
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
 from builder.progress import Report
-from builder.publish import cosign_tag, multiarch, provenance, publish, reports
+from builder.publish import attachments, multiarch, provenance, publish, reports
 
 # A digest with more artifacts than this is read no further: prune by hand, a few at a time.
 MAX_ARTIFACTS = 1024
@@ -81,98 +79,52 @@ def prune(
                 report(f"{cell.name}: {tag} is not in {registry.host}; nothing to prune")
                 continue
             image_id = str(json.loads(manifest.body).get("config", {}).get("digest", ""))
-            done.append(prune_digest(registry, repository, tag, manifest.digest, image_id, key))
+            done.append(prune_digest(attachments.Door(registry, repository), tag, manifest.digest, image_id, key))
             report(_summary(cell, done[-1]))
     return done
 
 
-def prune_digest(
-    registry: Registry, repository: str, tag: str, digest: str, image_id: str, key: SSlibKey | None = None
-) -> Pruned:
+def prune_digest(door: attachments.Door, tag: str, digest: str, image_id: str, key: SSlibKey | None = None) -> Pruned:
     """Delete what one digest's reports no longer need to say; returns what went and what stayed."""
     pruned = Pruned(tag, digest)
-    listed = registry.referrers(repository, digest, reports.SELFTEST_TYPE)
-    if len(listed) > MAX_ARTIFACTS:
-        raise UserError(f"{digest[:19]} carries {len(listed)} reports, more than {MAX_ARTIFACTS}: prune by hand")
-    attached = _reports(registry, repository, digest, listed)
-    statements = _statements(registry, repository, digest, image_id, key)
+    listed = door.listed(digest, [reports.SELFTEST_TYPE])
+    door.at_most(listed, MAX_ARTIFACTS, digest, "reports", "prune by hand, a few at a time")
+    proven = door.proven(digest, listed, [reports.SELFTEST_TYPE])
+    signed = door.signed(digest, image_id, key, MAX_ARTIFACTS)
+    attached, statements = _reports(door, proven), [_statement(found) for found in signed]
     going = _stale(attached, image_id, statements, key is not None)
     pruned.kept = len(listed) - len(going)
     gone_documents = {a.document for a in going}
     gone_identities = {_identity(a.report) for a in going if a.report is not None}
     about_gone = [s for s in statements if _about_gone(s, image_id, gone_documents, gone_identities)]
-    for artifact in [a.artifact for a in going] + [s.artifact for s in about_gone]:
-        registry.delete_manifest(repository, artifact)
-    deleted = {a.artifact for a in going} | {s.artifact for s in about_gone}
-    registry.drop_from_referrers_tag(repository, digest, deleted)
-    cosign_tag.remove(registry, repository, digest, {s.envelope for s in about_gone})
+    by_digest = {found.digest: found for found in [*proven, *(s.attachment for s in signed)]}
+    deleted = [a.artifact for a in going] + [s.artifact for s in about_gone]
+    door.delete(digest, [by_digest[artifact] for artifact in deleted], {s.envelope for s in about_gone})
     pruned.reports = [a.artifact for a in going]
     pruned.statements = [s.artifact for s in about_gone]
     return pruned
 
 
-def _proven_manifest(registry: Registry, repository: str, artifact: str, digest: str, types: tuple[str, ...]) -> Any:
-    """The artifact's manifest, read from the registry, when it proves itself this digest's
-    attachment of one of `types`: one document, the type, and `subject` naming the digest.
-    None otherwise, and when it cannot be read: what is not proven is never deleted."""
-    try:
-        manifest = registry.artifact_manifest(repository, artifact)
-    except UserError:
-        return None
-    subject = manifest.get("subject")
-    layer = manifest["layers"][0]
-    kind = manifest.get("artifactType") or (layer.get("mediaType") if isinstance(layer, dict) else None)
-    if not isinstance(subject, dict) or subject.get("digest") != digest or kind not in types:
-        return None
-    return manifest
-
-
-def _reports(registry: Registry, repository: str, digest: str, listed: list[dict[str, Any]]) -> list[_Attached]:
-    """The listed reports that prove to be this digest's, each with its document."""
+def _reports(door: attachments.Door, proven: list[attachments.Attachment]) -> list[_Attached]:
+    """The proven reports, each with its document (None where it is none: junk)."""
     found = []
-    for entry in listed:
-        artifact = str(entry.get("digest", ""))
-        manifest = _proven_manifest(registry, repository, artifact, digest, (reports.SELFTEST_TYPE,))
-        if manifest is None:
-            continue
+    for attachment in proven:
         try:
-            document = registry.artifact_document(repository, manifest, smoke.MAX_REPORT_BYTES)
+            document = door.document(attachment, smoke.MAX_REPORT_BYTES)
         except (UserError, LookupError, AttributeError):
-            found.append(_Attached(artifact, "", None))  # attached here as a report, and none
+            found.append(_Attached(attachment.digest, "", None))  # attached here as a report, and none
             continue
-        layer = str(manifest["layers"][0].get("digest", ""))
-        found.append(_Attached(artifact, layer.removeprefix("sha256:"), document))
+        found.append(_Attached(attachment.digest, attachment.layer.removeprefix("sha256:"), document))
     return found
 
 
-def _statements(
-    registry: Registry, repository: str, digest: str, image_id: str, key: SSlibKey | None
-) -> list[_Statement]:
-    """The signed statements that prove to be this digest's, read for what they say: verified with
-    the key where one is given (a statement the key does not verify is then kept, never counted)."""
-    found = []
-    for entry in provenance.attested(registry, repository, digest)[:MAX_ARTIFACTS]:
-        artifact = str(entry.get("digest", ""))
-        artifact_type = str(entry.get("artifactType", provenance.BUNDLE_TYPE))
-        manifest = _proven_manifest(registry, repository, artifact, digest, provenance.SIGNED_TYPES)
-        if manifest is None:
-            continue
-        try:
-            document = registry.artifact_document(repository, manifest, provenance.MAX_ENVELOPE_BYTES)
-            envelope = provenance.envelope_of(document, artifact_type)
-            if key is not None:
-                statement = provenance.verified_statement(document, artifact_type, key, digest, image_id)
-            else:
-                statement = jsonread.loads(base64.b64decode(str(envelope.get("payload", ""))), artifact)
-        except (UserError, ValueError, LookupError, AttributeError):
-            continue
-        if not isinstance(statement, dict) or not isinstance(statement.get("predicate"), dict):
-            continue
-        layer = json.dumps(envelope, sort_keys=True, separators=(",", ":")).encode()
-        envelope_digest = "sha256:" + hashlib.sha256(layer).hexdigest()
-        kind, predicate = str(statement.get("predicateType")), statement["predicate"]
-        found.append(_Statement(artifact, envelope_digest, kind, predicate, key is not None))
-    return found
+def _statement(signed: attachments.Signed) -> _Statement:
+    """A proven statement as prune reads it, with the digest of its envelope as cosign 2's
+    `.att` manifest stores it (the layer that goes with it)."""
+    layer = json.dumps(signed.envelope, sort_keys=True, separators=(",", ":")).encode()
+    envelope_digest = "sha256:" + hashlib.sha256(layer).hexdigest()
+    return _Statement(signed.attachment.digest, envelope_digest, signed.predicate_type, signed.predicate,
+                      signed.verified)  # fmt: skip
 
 
 def _stale(attached: list[_Attached], image_id: str, statements: list[_Statement], keyed: bool) -> list[_Attached]:

@@ -14,11 +14,11 @@ An image whose tags and aliases already point at its digest is left alone.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import html
 import json
 import re
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import docker
@@ -38,8 +38,9 @@ from builder.oci.registry import Manifest, Registry
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
 from builder.progress import Report
-from builder.publish import multiarch, provenance, recompress, reports, sbom, soci
+from builder.publish import attachments, multiarch, provenance, recompress, reports, sbom, soci
 from builder.publish.publication import Publication
+from builder.publish.publisher import Publisher, Records
 
 TABLE_START, TABLE_END = "<!-- published-tags:start -->", "<!-- published-tags:end -->"
 
@@ -120,22 +121,17 @@ def _engine_push(
     return digest
 
 
-def push_image(
-    engine: docker.DockerClient,
-    registry: Registry,
-    grid: Matrix,
-    item: Publication,
-    report: Report,
-    signing: bool = False,
-) -> None:
+def push_image(publisher: Publisher, item: Publication) -> None:
     """Push the image under its tag, unless the tag already holds this image (its config). When
     what is pushed will be signed, the tag's manifest is not taken on trust (anyone who can push
     could have put this config over other layers there): the engine pushes, sending only the
     layers the registry lacks, and the manifest it pushes is the one signed."""
+    engine, registry, grid, report = publisher.images, publisher.registry, publisher.grid, publisher.report
     repository = f"{grid.spec.registry}/{grid.spec.repository}"
     tag = item.target
     current = registry.manifest(grid.spec.repository, tag)
-    if not signing and current and _config_digest(current) == item.image_id:  # the same config: the same image
+    # The same config is the same image.
+    if not publisher.signing and current and _config_digest(current) == item.image_id:
         item.digest, item.unchanged = current.digest, True
         return
     in_engine = ids.engine_id(engine, item.image_id)
@@ -182,7 +178,7 @@ ARTIFACT_TYPES = {"sbom": "application/vnd.cyclonedx+json", "selftest": reports.
 MAX_LISTED = 256  # referrers of one type read for the builder's own artifact; more is someone's flood
 
 
-def missing_artifacts(registry: Registry, grid: Matrix, item: Publication, documents: dict[str, bytes]) -> list[str]:
+def missing_artifacts(door: attachments.Door, item: Publication, documents: dict[str, bytes]) -> list[str]:
     """Which of the image's SBOM and self-test report (`documents`: the bytes the builder made
     for each kind) the registry lacks, attached to its digest: a publish is complete only when
     both are there. An artifact counts only when it proves to be these bytes attached to this
@@ -190,23 +186,8 @@ def missing_artifacts(registry: Registry, grid: Matrix, item: Publication, docum
     return [
         kind
         for kind, media_type in ARTIFACT_TYPES.items()
-        if not _carries(registry, grid.spec.repository, item.digest, media_type, documents[kind])
+        if not door.carries(item.digest, media_type, documents[kind], MAX_LISTED)
     ]
-
-
-def _carries(registry: Registry, repository: str, digest: str, media_type: str, payload: bytes) -> bool:
-    """Whether an artifact whose manifest names `digest` as its subject carries exactly `payload`."""
-    wanted = "sha256:" + hashlib.sha256(payload).hexdigest()
-    for entry in registry.referrers(repository, digest, media_type)[:MAX_LISTED]:
-        try:
-            manifest = registry.artifact_manifest(repository, str(entry.get("digest", "")))
-        except UserError:
-            continue
-        subject, layer = manifest.get("subject"), manifest["layers"][0]
-        proven = isinstance(subject, dict) and subject.get("digest") == digest
-        if proven and isinstance(layer, dict) and layer.get("digest") == wanted:
-            return True
-    return False
 
 
 def made_documents(engine: docker.DockerClient, item: Publication) -> dict[str, bytes]:
@@ -224,51 +205,52 @@ def made_documents(engine: docker.DockerClient, item: Publication) -> dict[str, 
 _made_sboms: dict[tuple[str, str, str], bytes] = {}
 
 
-def _subject(registry: Registry, grid: Matrix, item: Publication) -> Manifest:
-    subject = registry.manifest(grid.spec.repository, item.target)
+def _subject(publisher: Publisher, item: Publication) -> Manifest:
+    """The manifest the item pushed, as the registry serves it now: what its attachments name."""
+    subject = publisher.registry.manifest(publisher.repository, item.target)
     if subject is None or subject.digest != item.digest:
-        raise UserError(f"{grid.spec.repository}:{item.target} changed while publishing; aliases left where they were")
+        raise UserError(f"{publisher.repository}:{item.target} changed while publishing; aliases left where they were")
     return subject
 
 
-def attach_attestations(
-    engine: docker.DockerClient, registry: Registry, grid: Matrix, item: Publication, signer: CryptoSigner,
-    report: Report,
-) -> None:  # fmt: skip
+def attach_attestations(publisher: Publisher, item: Publication) -> None:
     """Signed provenance, a signed statement of each report the item carries, and its SBOM signed,
     for what the digest lacks (a rerun with a key signs an image published without one). What is
     signed is only what the builder made: the SBOM it makes from the image, the reports it holds.
     What the digest already has is what the key verifies about it, never what annotations say."""
+    grid, door, signer, report = publisher.grid, publisher.door, publisher.signer, publisher.report
+    if signer is None:
+        raise UserError("attestations are signed with the team's key, and none was given")
     repository = grid.spec.repository
-    have = provenance.verified_kinds(registry, repository, item.digest, item.image_id, signer.public_key)
-    subject = _subject(registry, grid, item)
+    have = door.verified_kinds(item.digest, item.image_id, signer.public_key)
+    subject = _subject(publisher, item)
     about = provenance.Subject(f"{grid.spec.registry}/{repository}", item.digest, item.image_id, item.build_id)
     signed = []
     if provenance.PROVENANCE not in have:
         statement = provenance.provenance_statement(about, item.cell, provenance.builder_version())
-        provenance.attach(registry, repository, subject, f"{item.target}.provenance", statement, signer)
+        door.attach_statement(subject, f"{item.target}.provenance", statement, signer)
         signed.append("provenance")
     if provenance.SELFTEST not in have:
         for found in (item.report, item.gpu_report):
             if found:
-                provenance.attach_report(registry, repository, subject, item.target, about, found, signer)
+                door.attach_signed_report(subject, item.target, about, found, signer)
                 signed.append(f"{smoke.report_kind(found)} self-test")
     if provenance.CYCLONEDX not in have:  # the SBOM the builder made and attached, as CycloneDX and as SPDX 2.3
-        cyclonedx = jsonread.loads(made_documents(engine, item)["sbom"], "the SBOM")
+        cyclonedx = jsonread.loads(made_documents(publisher.images, item)["sbom"], "the SBOM")
         namespace = f"https://torch-images.invalid/spdx/{item.digest}"
         for predicate_type, document, name in (
             (provenance.CYCLONEDX, cyclonedx, "sbom.cdx"),
             (provenance.SPDX, sbom.spdx_of(cyclonedx, namespace), "sbom.spdx"),
         ):
             statement = provenance.sbom_statement(about, predicate_type, document)
-            provenance.attach(registry, repository, subject, f"{item.target}.{name}.att", statement, signer)
+            door.attach_statement(subject, f"{item.target}.{name}.att", statement, signer)
         signed.append("SBOM (CycloneDX, SPDX)")
     decisions = [d for d in vex.load(grid.path) if d.applies_to(item.cell.name)]
     if decisions and provenance.OPENVEX not in have:
         python_packages = set(audit.locked_wheels(item.cell))
         epoch = grid.spec.source_date_epoch
         statement = provenance.openvex_statement(about, decisions, python_packages, item.cell, epoch)
-        provenance.attach(registry, repository, subject, f"{item.target}.vex.att", statement, signer)
+        door.attach_statement(subject, f"{item.target}.vex.att", statement, signer)
         signed.append(f"VEX ({len(decisions)} not affected)")
     if signed:
         report(f"signed and attached {', '.join(signed)} to {item.target} ({item.digest[:19]})")
@@ -277,22 +259,17 @@ def attach_attestations(
                "with the key")  # fmt: skip
 
 
-def _push_metadata(
-    registry: Registry, grid: Matrix, item: Publication, kinds: list[str], documents: dict[str, bytes]
-) -> None:
-    subject = _subject(registry, grid, item)
+def _push_metadata(publisher: Publisher, item: Publication, kinds: list[str], documents: dict[str, bytes]) -> None:
+    subject, door = _subject(publisher, item), publisher.door
     annotations = {"org.opencontainers.image.ref.name": item.tag, "io.torch-images.build-id": item.build_id}
     if "selftest" in kinds:
-        reports.attach(registry, grid.spec.repository, subject, item.target, item.report, item.build_id, item.tag)
+        door.attach_report(subject, item.target, item.report, item.build_id, item.tag)
     if "sbom" in kinds:
-        registry.push_artifact(
-            grid.spec.repository, f"{item.target}.sbom", documents["sbom"], ARTIFACT_TYPES["sbom"], annotations,
-            subject,
-        )  # fmt: skip
+        door.attach(subject, f"{item.target}.sbom", documents["sbom"], ARTIFACT_TYPES["sbom"], annotations)
 
 
-def _move_aliases(registry: Registry, grid: Matrix, items: list[Publication], report: Report) -> None:
-    repository = grid.spec.repository
+def _move_aliases(publisher: Publisher, items: list[Publication]) -> None:
+    registry, repository, report = publisher.registry, publisher.repository, publisher.report
     previous: list[tuple[str, Manifest | None]] = []
     # The platforms of a multi-arch tag share its aliases (the plan checks it): moved once.
     by_tag = {item.tag: item for item in items}
@@ -332,20 +309,12 @@ def zstd_form(grid: Matrix, item: Publication) -> Publication:
     return form
 
 
-def push_zstd(
-    engine: docker.DockerClient,
-    registry: Registry,
-    grid: Matrix,
-    source: Publication,
-    form: Publication,
-    report: Report,
-    signing: bool = False,
-) -> None:
+def push_zstd(publisher: Publisher, source: Publication, form: Publication) -> None:
     """The zstd form of `source` (already in the registry) under `form.target`: compressed and
     uploaded by the builder (the engine here pushes gzip only), the config blob the same. When
     what is pushed will be signed, neither the zstd cache nor the tag's current manifest is taken
     on trust: the form is made here again, and is `unchanged` only if its digest is the tag's."""
-    repository = grid.spec.repository
+    registry, grid, repository, signing = publisher.registry, publisher.grid, publisher.repository, publisher.signing
     current = registry.manifest(repository, form.target)
     if not signing and current is not None and recompress.is_zstd_form(current, form.image_id):
         form.digest, form.unchanged = current.digest, True
@@ -354,8 +323,9 @@ def push_zstd(
     if gzip_form is None:
         raise UserError(f"{repository}@{source.digest} is not in {registry.host}; its zstd form not pushed")
     level = grid.spec.publish.zstd_level
-    report(f"pushing {grid.spec.registry}/{repository}:{form.target} (zstd level {level})")
-    manifest = recompress.push_zstd_form(engine, registry, repository, gzip_form, level, report, not signing)
+    publisher.report(f"pushing {grid.spec.registry}/{repository}:{form.target} (zstd level {level})")
+    how = recompress.Recompression(level, publisher.report, trust_cache=not signing)
+    manifest = recompress.push_zstd_form(publisher.images, registry, repository, gzip_form, how)
     if current is not None and current.digest == manifest.digest:
         form.digest, form.unchanged = current.digest, True
         return
@@ -368,22 +338,27 @@ def compressions(grid: Matrix) -> list[str]:
     return ["gzip", "zstd"] if grid.spec.publish.compression == "zstd" else ["gzip"]
 
 
-def push_forms(
-    engine: docker.DockerClient,
-    registry: Registry,
-    grid: Matrix,
-    items: list[Publication],
-    report: Report,
-    signing: bool = False,
-) -> list[Publication]:
+def push_forms(publisher: Publisher, items: list[Publication]) -> list[Publication]:
     """Each image through the engine (gzip), then, where the matrix asks for zstd, its zstd form;
     returns every form pushed, gzip first."""
+    grid = publisher.grid
     forms = [zstd_form(grid, item) for item in items] if "zstd" in compressions(grid) else []
     for item in items:
-        push_image(engine, registry, grid, item, report, signing)
+        push_image(publisher, item)
     for item, form in zip(items, forms, strict=False):
-        push_zstd(engine, registry, grid, item, form, report, signing)
+        push_zstd(publisher, item, form)
     return [*items, *forms]
+
+
+@dataclass(frozen=True)
+class PublishOptions:
+    """How `publish` reaches the registry (a CA file, or plain HTTP for a loopback one), where it
+    writes its records, and the team's key to sign with (None: unsigned)."""
+
+    records: Records = field(default_factory=Records)
+    ca_file: Path | None = None
+    insecure: bool = False
+    signer: CryptoSigner | None = None
 
 
 def publish(
@@ -391,62 +366,50 @@ def publish(
     grid: Matrix,
     cells: list[Cell],
     report: Report = print,
-    records_dir: Path | None = None,
-    readme: Path | None = None,
-    ca_file: Path | None = None,
-    insecure: bool = False,
-    signer: CryptoSigner | None = None,
+    options: PublishOptions | None = None,
 ) -> list[Publication]:
     """Publish the cells; records go to published/ beside the matrix file, and the table of
     published tags into the README.md beside it (where that README has the table's markers).
     With a signer, each image also gets its signed provenance and self-test statements. With
     `publish.compression: zstd` each image also goes out with zstd layers, under `-zstd` tags."""
+    options = options or PublishOptions()
     multiarch.check_complete(grid, cells)  # a multi-arch tag: every platform's image, or none
     gated = gate(engine, grid, cells)
-    registry = Registry.reached(grid.spec.registry, ca_file, insecure)  # after the gate: nothing sent before
-    items = push_forms(engine, registry, grid, gated, report, signing=signer is not None)
+    registry = Registry.reached(grid.spec.registry, options.ca_file, options.insecure)  # after the gate
+    publisher = Publisher(registry, grid, report, engine, options.signer)
+    items = push_forms(publisher, gated)
     for item in items:
-        attach_missing(engine, registry, grid, item, report)
-        if signer is not None:
-            attach_attestations(engine, registry, grid, item, signer, report)
+        attach_missing(publisher, item)
+        if publisher.signing:
+            attach_attestations(publisher, item)
     multiarch.push_indexes(registry, grid, items, report)
-    finish(registry, grid, items, report, records_dir, readme)
+    finish(publisher, items, options.records)
     return items
 
 
-def attach_missing(
-    engine: docker.DockerClient, registry: Registry, grid: Matrix, item: Publication, report: Report
-) -> None:
+def attach_missing(publisher: Publisher, item: Publication) -> None:
     """Attach what the image's digest lacks; also for an image already there, so a publish cut
     short before its artifacts is finished by the next run."""
-    documents = made_documents(engine, item)
-    missing = missing_artifacts(registry, grid, item, documents)
+    documents = made_documents(publisher.images, item)
+    missing = missing_artifacts(publisher.door, item, documents)
     if missing:
-        report(f"attaching {', '.join(missing)} to {item.target} ({item.digest[:19]})")
-        _push_metadata(registry, grid, item, missing, documents)
+        publisher.report(f"attaching {', '.join(missing)} to {item.target} ({item.digest[:19]})")
+        _push_metadata(publisher, item, missing, documents)
         item.attached = missing
-    if grid.spec.publish.soci and item.compression == "gzip" and soci.attached(registry, grid, item) is None:
-        soci.attach_index(registry, grid.spec.repository, item.digest, soci.tools(engine), report)
+    if publisher.grid.spec.publish.soci and item.compression == "gzip" and soci.attached(publisher.door, item) is None:
+        soci.attach_index(publisher.door, item.digest, soci.tools(publisher.images), publisher.report)
         item.attached = [*item.attached, "SOCI index"]
 
 
-def finish(
-    registry: Registry,
-    grid: Matrix,
-    items: list[Publication],
-    report: Report,
-    records_dir: Path | None = None,
-    readme: Path | None = None,
-) -> None:
+def finish(publisher: Publisher, items: list[Publication], records: Records | None = None) -> None:
     """The last steps, once every image and its artifacts are in the registry: the aliases
     move, then the records and the README's table."""
-    records_dir = records_dir or grid.path.resolve().parent / "published"
-    readme = readme or grid.path.resolve().parent / "README.md"
-    _move_aliases(registry, grid, items, report)
+    grid, records = publisher.grid, records or Records()
+    _move_aliases(publisher, items)
     for item in items:
         if not item.unchanged or item.moved_aliases or item.attached:
-            write_record(grid, item, records_dir)
-    update_readme_table(readme, records_dir)
+            write_record(grid, item, records.folder(grid))
+    update_readme_table(records.table(grid), records.folder(grid))
 
 
 def write_record(grid: Matrix, item: Publication, records_dir: Path) -> Path:

@@ -32,7 +32,7 @@ from builder.errors import UserError
 from builder.oci.registry import INDEX_TYPES, Manifest, Registry, json_object
 from builder.plan.matrix import Matrix
 from builder.progress import Report
-from builder.publish import provenance, tags, trust
+from builder.publish import attachments, provenance, tags, trust
 from builder.publish.verify import CELL_LABEL, Reference
 from builder.repro import layers, manifests
 from builder.wheelhouse import wheelhouse
@@ -143,9 +143,8 @@ def rebuild(
     found = Rebuilt(published, cell.name)
     label_build_id = str(published.labels.get(build.BUILD_ID_LABEL, ""))
     if options.key is not None:
-        evidence = trust.signed_evidence(
-            registry, reference.repository, published.served, published.image_id, cell, options.key
-        )
+        door = attachments.Door(registry, reference.repository)
+        evidence = trust.signed_evidence(door, published.served, published.image_id, cell, options.key)
         if evidence.provenance_problem is not None:
             raise UserError(f"{reference}: {evidence.provenance_problem}; check out the commit it was published from")
         found.notes.append("its signed provenance names this checkout's locks and build ID")
@@ -245,5 +244,5 @@ def attest(
     )
     slug = re.sub(r"[^a-z0-9]+", "-", engine_name.lower()).strip("-")
     tag = tags.fitted(f"sha256-{published.digest.removeprefix('sha256:')[:32]}.rebuild-{slug}.att")
-    provenance.attach(registry, reference.repository, published.served, tag, statement, signer)
+    attachments.Door(registry, reference.repository).attach_statement(published.served, tag, statement, signer)
     return engine_name

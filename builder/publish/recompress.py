@@ -158,14 +158,18 @@ def is_zstd_form(manifest: Manifest, image_id: str) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class Recompression:
+    """How a zstd form is made: its level, where progress goes, and whether the cache of layers
+    compressed before may be taken on trust (not when what is pushed will be signed)."""
+
+    level: int
+    report: Report
+    trust_cache: bool = True
+
+
 def push_zstd_form(
-    engine: docker.DockerClient,
-    registry: Registry,
-    repository: str,
-    gzip_form: Manifest,
-    level: int,
-    report: Report,
-    trust_cache: bool = True,
+    engine: docker.DockerClient, registry: Registry, repository: str, gzip_form: Manifest, how: Recompression
 ) -> Manifest:
     """Upload the zstd form of the image `gzip_form` names (the engine's push, already in the
     registry) and return its manifest, not yet under any tag. Layers whose zstd blob the cache
@@ -178,24 +182,17 @@ def push_zstd_form(
     diff_ids: list[str] = engine.images.get(in_engine).attrs["RootFS"]["Layers"]
     known = {
         d: b for d in set(diff_ids)
-        if trust_cache and (b := _remembered(level, d)) and registry.has_blob(repository, b.digest)
+        if how.trust_cache and (b := _remembered(how.level, d)) and registry.has_blob(repository, b.digest)
     }  # fmt: skip
     if len(known) < len(set(diff_ids)):
-        known |= _compress_and_upload(
-            engine, registry, repository, in_engine, set(diff_ids) - set(known), level, report
-        )
-    return zstd_manifest(config, [known[d] for d in diff_ids], level)
+        known |= _compress_and_upload(engine, registry, repository, in_engine, set(diff_ids) - set(known), how)
+    return zstd_manifest(config, [known[d] for d in diff_ids], how.level)
 
 
 def _compress_and_upload(
-    engine: docker.DockerClient,
-    registry: Registry,
-    repository: str,
-    image_id: str,
-    wanted: set[str],
-    level: int,
-    report: Report,
-) -> dict[str, Blob]:
+    engine: docker.DockerClient, registry: Registry, repository: str, image_id: str, wanted: set[str],
+    how: Recompression,
+) -> dict[str, Blob]:  # fmt: skip
     """One pass over `docker save`: each layer is compressed into a file (its diff ID is known
     only once it has been read), and uploaded when it is one of those wanted. A wanted diff ID
     that no layer of the archive hashes to is refused."""
@@ -205,13 +202,13 @@ def _compress_and_upload(
         def compress(name: str, size: int, handle: IO[bytes]) -> str:
             path = Path(scratch, "layer.zst")
             with path.open("wb") as sink:
-                diff_id, blob = compress_layer(handle, size, level, sink)
+                diff_id, blob = compress_layer(handle, size, how.level, sink)
             if diff_id in wanted and diff_id not in found:
                 if not registry.has_blob(repository, blob.digest):
                     registry.upload_blob_file(repository, path, blob.digest)
-                _remember(level, diff_id, blob)
+                _remember(how.level, diff_id, blob)
                 found[diff_id] = blob
-                report(f"zstd layer {diff_id[7:19]}: {size / 1e6:.0f} MB -> {blob.size / 1e6:.0f} MB")
+                how.report(f"zstd layer {diff_id[7:19]}: {size / 1e6:.0f} MB -> {blob.size / 1e6:.0f} MB")
             path.unlink()
             return diff_id
 

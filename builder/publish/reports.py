@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from builder.assemble import smoke
-from builder.errors import UserError
-from builder.oci.registry import Manifest, Registry
 from builder.publish import tags
 
 SELFTEST_TYPE = "application/vnd.torch-images.selftest.v1+json"
@@ -32,17 +30,6 @@ class Gated:
 
     report: dict[str, Any]
     gpu_report: dict[str, Any] | None
-
-
-def attached(registry: Registry, repository: str, digest: str) -> list[dict[str, Any]]:
-    """Every self-test report attached to `digest`, read from the registry (each capped)."""
-    entries = registry.referrers(repository, digest, SELFTEST_TYPE)
-    if len(entries) > MAX_REPORTS:
-        raise UserError(
-            f"registry {registry.host}: {digest[:19]} carries {len(entries)} self-test reports, more than "
-            f"{MAX_REPORTS}; remove the stale ones"
-        )
-    return [registry.artifact(repository, str(entry["digest"]), smoke.MAX_REPORT_BYTES) for entry in entries]
 
 
 class GpuMissing(str):
@@ -106,20 +93,6 @@ def document_bytes(report: dict[str, Any]) -> bytes:
     """The bytes a report is attached as (the table printed on the terminal left out): what a
     signed test result names by sha256."""
     return json.dumps({k: v for k, v in report.items() if k != "table"}, sort_keys=True).encode()
-
-
-def attach(
-    registry: Registry, repository: str, subject: Manifest, target: str, report: dict[str, Any], build_id: str, tag: str
-) -> str:
-    """Attach one report to `subject`, beside whatever reports it already has."""
-    return registry.push_artifact(
-        repository,
-        artifact_tag(target, report),
-        document_bytes(report),
-        SELFTEST_TYPE,
-        artifact_annotations(report, build_id, tag),
-        subject,
-    )
 
 
 def record_entry(gpu_gate: str, gpu_report: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -34,8 +34,8 @@ from builder import jsonread
 from builder.engine import privilege
 from builder.errors import UserError
 from builder.oci.registry import DIGEST, EMPTY_CONFIG, IMAGE_TYPES, OCI_MANIFEST, Manifest, Registry, sha256_digest
-from builder.plan.matrix import Matrix
 from builder.progress import Report
+from builder.publish import attachments
 from builder.publish.publication import Publication
 from builder.wheelhouse import tools as pinned_tools
 
@@ -121,16 +121,18 @@ def containerd_socket(engine: docker.DockerClient) -> str:
 MAX_LISTED_INDEXES = 16  # indexes read to find one of this image; more is someone's flood
 
 
-def attached(registry: Registry, grid: Matrix, item: Publication) -> str | None:
+def attached(door: attachments.Door, item: Publication) -> str | None:
     """The digest of a SOCI index attached to the image's digest that proves to be one of this
     image (check_index: SOCI's config, this image as its subject, each zTOC naming one of its
     layers and present in the repository), if any. Another party's index of another shape, or
     of another image, is not taken for it: publish then makes and attaches the image's own."""
-    repository = grid.spec.repository
+    registry, repository = door.registry, door.repository
     image = registry.manifest(repository, item.digest)
     if image is None:
         return None
-    for entry in registry.referrers(repository, item.digest, INDEX_TYPE)[:MAX_LISTED_INDEXES]:
+    # An index is an image manifest with a config of its own (not one document), so check_index,
+    # not the door's one-document proof, proves it this image's.
+    for entry in door.listed(item.digest, [INDEX_TYPE])[:MAX_LISTED_INDEXES]:
         digest = str(entry.get("digest", ""))
         index = registry.manifest(repository, digest) if DIGEST.fullmatch(digest) else None
         if index is None or index.media_type != OCI_MANIFEST:
@@ -144,9 +146,10 @@ def attached(registry: Registry, grid: Matrix, item: Publication) -> str | None:
     return None
 
 
-def attach_index(registry: Registry, repository: str, digest: str, found: Tools, report: Report) -> str:
+def attach_index(door: attachments.Door, digest: str, found: Tools, report: Report) -> str:
     """Make the SOCI index of the image `repository@digest` and push it, a referrer of the
     image's manifest; returns the index's digest."""
+    registry, repository = door.registry, door.repository
     image = registry.manifest(repository, digest)
     layers = json.loads(image.body).get("layers", []) if image is not None else []
     if (
@@ -171,7 +174,7 @@ def attach_index(registry: Registry, repository: str, digest: str, found: Tools,
             finally:
                 found.soci_command("index", "rm", index_digest)
     registry.upload_blob(repository, EMPTY_CONFIG)  # the index's config
-    registry.put_referrer(repository, index, digest, INDEX_TYPE, {})
+    door.attach_manifest(digest, index, INDEX_TYPE)
     report(f"{repository}@{digest[:19]}: SOCI index {index.digest[:19]} attached ({len(ztocs)} layers indexed)")
     return index.digest
 

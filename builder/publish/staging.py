@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import docker
-from securesystemslib.signer import CryptoSigner, SSlibKey
 
 from builder import jsonread
 from builder.assemble import build, smoke
@@ -30,10 +29,10 @@ from builder.errors import UserError
 from builder.oci.registry import IMAGE_TYPES, Registry
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
-from builder.progress import Report
 from builder.publish import existing, multiarch, provenance, publish, reports, tags, trust
 from builder.publish.publication import Publication, tag_suffix
 from builder.publish.publish import ARTIFACT_TYPES
+from builder.publish.publisher import Publisher, Records
 
 RUN = grammar.Grammar(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,39}", "a run ID of letters, digits, '_' and '-' (CI's run number)")
 
@@ -87,31 +86,24 @@ def check_run(run: str) -> str:
     return run
 
 
-def stage(
-    engine: docker.DockerClient,
-    registry: Registry,
-    grid: Matrix,
-    cells: list[Cell],
-    run: str,
-    report: Report,
-    signer: CryptoSigner | None = None,
-) -> list[Publication]:
+def stage(publisher: Publisher, cells: list[Cell], run: str) -> list[Publication]:
+    """Push each cell built here under its staging tag, its SBOM and report attached (signed
+    where the publisher signs); a cell not built here whose build is published is staged by
+    naming that manifest."""
     check_run(run)  # one platform at a time is fine here: the index is made only at promotion
+    engine, grid = publisher.images, publisher.grid
     local = [c for c in cells if _built_here(engine, grid, c)]
     gated = publish.gate(engine, grid, local)
     for item in gated:
         item.staging_tag = staging_tag(grid, item.cell, run)
     # and the zstd forms, where asked (made again, not taken from the cache, when they will be signed)
-    items = publish.push_forms(engine, registry, grid, gated, report, signing=signer is not None)
+    items = publish.push_forms(publisher, gated)
     for item in items:
-        publish.attach_missing(engine, registry, grid, item, report)
-        if signer is not None:
-            publish.attach_attestations(engine, registry, grid, item, signer, report)
+        publish.attach_missing(publisher, item)
+        if publisher.signing:
+            publish.attach_attestations(publisher, item)
     for cell in (c for c in cells if c not in local):
-        items += [
-            _stage_published(engine, registry, grid, cell, run, compression, report)
-            for compression in publish.compressions(grid)
-        ]
+        items += [_stage_published(publisher, cell, run, compression) for compression in publish.compressions(grid)]
     return items
 
 
@@ -123,18 +115,11 @@ def _built_here(engine: docker.DockerClient, grid: Matrix, cell: Cell) -> bool:
         return False
 
 
-def _stage_published(
-    engine: docker.DockerClient,
-    registry: Registry,
-    grid: Matrix,
-    cell: Cell,
-    run: str,
-    compression: str,
-    report: Report,
-) -> Publication:
+def _stage_published(publisher: Publisher, cell: Cell, run: str, compression: str) -> Publication:
     """A cell not built here because its build is in the registry: stage that manifest. Its build
     ID is the one `build --skip-existing` found published in this job (kept in the cache), not
     computed again by bootstrapping the base."""
+    registry, grid = publisher.registry, publisher.grid
     build_id = build.recorded_in_registry(cell)
     if build_id is None:
         raise UserError(
@@ -154,27 +139,27 @@ def _stage_published(
             "(without --skip-existing) so that it can be made"
         )
     registry.put_manifest(grid.spec.repository, staging_tag(grid, cell, run, compression), manifest)
-    report(f"{cell.name}: staged the published {published} ({manifest.digest[:19]}), build ID {build_id[:12]}")
+    publisher.report(
+        f"{cell.name}: staged the published {published} ({manifest.digest[:19]}), build ID {build_id[:12]}"
+    )
     return Publication(
         cell, "", {}, build_id=build_id, digest=manifest.digest, unchanged=True, image_tag=published,
         compression=compression,
     )  # fmt: skip
 
 
-def gpu_test(
-    engine: docker.DockerClient,
-    registry: Registry,
-    grid: Matrix,
-    cells: list[Cell],
-    run: str,
-    report: Report,
-    signer: CryptoSigner | None = None,
-    key: SSlibKey | None = None,
-) -> list[str | None]:
+def gpu_test(publisher: Publisher, cells: list[Cell], run: str) -> list[str | None]:
     """CI's GPU stage, on a runner with GPUs: pull each CUDA cell's staged image by digest, run
     its self-test with every GPU (host checks included), and attach the report to that digest
     beside the ones already there, whatever it says (promote reads them all). Returns, per cell,
     None for a GPU pass, else why not."""
+    engine, registry, grid, report, key = (
+        publisher.images,
+        publisher.registry,
+        publisher.grid,
+        publisher.report,
+        publisher.key,
+    )
     check_run(run)
     cpu = [cell.name for cell in cells if not cell.is_cuda]
     if cpu:
@@ -192,7 +177,7 @@ def gpu_test(
             raise UserError(f"{cell.name}: {tag} is not one image in {grid.spec.registry}; stage it first")
         image_id = json.loads(manifest.body)["config"]["digest"]
         if key is not None:  # a GPU report signed for an image someone swapped in would vouch for it
-            evidence = trust.signed_evidence(registry, repository, manifest, image_id, cell, key)
+            evidence = trust.signed_evidence(publisher.door, manifest, image_id, cell, key)
             if evidence.provenance_problem is not None:
                 raise UserError(f"{cell.name}: {tag} ({manifest.digest[:19]}): {evidence.provenance_problem}; "
                                 "not tested, nothing attached")  # fmt: skip
@@ -220,7 +205,7 @@ def gpu_test(
             raise UserError(f"{cell.name}: {reference} pulled as image {pulled_id[7:19]}, staged as {image_id[7:19]}")
         result = smoke.run(engine, reference, gpus=True)
         build_id = (pulled.labels or {}).get(BUILD_ID_LABEL, "")
-        attached = attach_gpu_report(registry, grid, cell, run, image_id, build_id, result.report, signer)
+        attached = attach_gpu_report(publisher, cell, run, image_id, build_id, result.report)
         why = smoke.why_not_a_gpu_pass(result.report, image_id)
         verdict = "pass" if why is None else f"not a pass: {why}"
         report(f"{cell.name}: GPU self-test {verdict}, attached to {', '.join(d[:19] for d in attached)}")
@@ -229,17 +214,11 @@ def gpu_test(
 
 
 def attach_gpu_report(
-    registry: Registry,
-    grid: Matrix,
-    cell: Cell,
-    run: str,
-    image_id: str,
-    build_id: str,
-    result: dict[str, Any],
-    signer: CryptoSigner | None,
+    publisher: Publisher, cell: Cell, run: str, image_id: str, build_id: str, result: dict[str, Any]
 ) -> list[str]:
     """The GPU stage's report attached to each staged form of the image (gzip, and zstd where the
     matrix asks): one image ID, so one report proves both. Returns the digests it went to."""
+    registry, grid, door, signer = publisher.registry, publisher.grid, publisher.door, publisher.signer
     repository, attached = grid.spec.repository, []
     for compression in publish.compressions(grid):
         tag = staging_tag(grid, cell, run, compression)
@@ -248,31 +227,27 @@ def attach_gpu_report(
             raise UserError(f"{cell.name}: {tag} is not one image in {grid.spec.registry}; stage it first")
         if json.loads(manifest.body)["config"]["digest"] != image_id:
             raise UserError(f"{cell.name}: {tag} is not image {image_id[7:19]}, which was tested; nothing attached")
-        reports.attach(registry, repository, manifest, tag, result, build_id, cell.tag + tag_suffix(compression))
+        door.attach_report(manifest, tag, result, build_id, cell.tag + tag_suffix(compression))
         if signer is not None:
             about = provenance.Subject(f"{grid.spec.registry}/{repository}", manifest.digest, image_id, build_id)
-            provenance.attach_report(registry, repository, manifest, tag, about, result, signer)
+            door.attach_signed_report(manifest, tag, about, result, signer)
         attached.append(manifest.digest)
     return attached
 
 
 def gate_in_registry(
-    registry: Registry,
-    grid: Matrix,
-    cells: list[Cell],
-    run: str,
-    key: SSlibKey | None = None,
-    staged_record: Path | None = None,
+    publisher: Publisher, cells: list[Cell], run: str, staged_record: Path | None = None
 ) -> list[Publication]:
     """Every cell staged in this run, with a passing self-test of exactly that image and an SBOM
     attached to its digest; refuses them all, naming each one, otherwise. With `key`, the
     reports are those the key signed about that digest, and the signed provenance must hold."""
     check_run(run)
+    grid = publisher.grid
     multiarch.check_complete(grid, cells, "promote")
     ready, refused = [], []
     for cell in cells:
         for compression in publish.compressions(grid):
-            found = _staged(registry, grid, cell, run, compression, key, staged_record)
+            found = _staged(publisher, cell, run, compression, staged_record)
             if isinstance(found, str):
                 refused.append(f"{cell.name}: {found}")
             else:
@@ -283,14 +258,10 @@ def gate_in_registry(
 
 
 def _staged(
-    registry: Registry,
-    grid: Matrix,
-    cell: Cell,
-    run: str,
-    compression: str,
-    key: SSlibKey | None = None,
-    staged_record: Path | None = None,
+    publisher: Publisher, cell: Cell, run: str, compression: str, staged_record: Path | None = None
 ) -> Publication | str:
+    """The cell's staged form as a Publication when the gate lets it move, else why not."""
+    registry, grid, door, key = publisher.registry, publisher.grid, publisher.door, publisher.key
     repository, tag = grid.spec.repository, staging_tag(grid, cell, run, compression)
     manifest = registry.manifest(repository, tag)
     if manifest is None:
@@ -302,17 +273,16 @@ def _staged(
     if manifest.media_type not in IMAGE_TYPES:
         return f"{tag} is a {manifest.media_type}, not one image"
     image_id = json.loads(manifest.body)["config"]["digest"]
-    attached = registry.attached(repository, manifest.digest)
-    if ARTIFACT_TYPES["sbom"] not in attached:
-        return f"no SBOM attached to {manifest.digest[:19]}"
-    if ARTIFACT_TYPES["selftest"] not in attached:
-        return f"no self-test report attached to {manifest.digest[:19]}"
+    for kind, what in (("sbom", "SBOM"), ("selftest", "self-test report")):
+        listed = door.listed(manifest.digest, [ARTIFACT_TYPES[kind]])[: publish.MAX_LISTED]
+        if not door.proven(manifest.digest, listed, [ARTIFACT_TYPES[kind]]):
+            return f"no {what} attached to {manifest.digest[:19]}"
     # by digest: the label of the manifest gated here, even if the tag has moved since
     build_id = existing.published_build_id(registry, repository, manifest.digest) or ""
     if key is None:
-        found_reports = reports.attached(registry, repository, manifest.digest)
+        found_reports = door.reports(manifest.digest)
     else:
-        evidence = trust.signed_evidence(registry, repository, manifest, image_id, cell, key)
+        evidence = trust.signed_evidence(door, manifest, image_id, cell, key)
         if evidence.provenance_problem is not None:
             return f"{evidence.provenance_problem} on {manifest.digest[:19]}"
         needed = required_rebuilds(grid)
@@ -338,17 +308,12 @@ def required_rebuilds(grid: Matrix) -> int:
 
 
 def promote(
-    registry: Registry,
-    grid: Matrix,
-    cells: list[Cell],
-    run: str,
-    report: Report,
-    records_dir: Path | None = None,
-    readme: Path | None = None,
-    key: SSlibKey | None = None,
-    staged_record: Path | None = None,
+    publisher: Publisher, cells: list[Cell], run: str, records: Records | None = None, staged_record: Path | None = None
 ) -> list[Publication]:
-    if key is None:
+    """Move each cell's versioned tags to its staged image once the gate, read from the registry
+    alone (signed evidence only, with the publisher's key), lets every one of them move."""
+    registry, grid, report = publisher.registry, publisher.grid, publisher.report
+    if publisher.key is None:
         report(
             "promote reads the reports as attached, unsigned: anyone who can push could have attached them; "
             f"give the team's public key (--key, or {trust.KEY_ENVIRONMENT}) to trust only what it signed"
@@ -359,7 +324,7 @@ def promote(
                 f"{trust.KEY_ENVIRONMENT}); nothing promoted",
                 grid.path,
             )
-    items = gate_in_registry(registry, grid, cells, run, key, staged_record)
+    items = gate_in_registry(publisher, cells, run, staged_record)
     repository = grid.spec.repository
     for item in items:
         current = registry.manifest(repository, item.target)
@@ -374,7 +339,7 @@ def promote(
         report(f"{item.target} -> {item.digest[:19]}")
         _name_artifacts(registry, repository, item, staged_tag)
     multiarch.push_indexes(registry, grid, items, report)
-    publish.finish(registry, grid, items, report, records_dir, readme)
+    publish.finish(publisher, items, records)
     return items
 
 

@@ -21,10 +21,9 @@ from typing import Any
 
 from securesystemslib.signer import CryptoSigner, SSlibKey
 
-from builder.errors import UserError
-from builder.oci.registry import Manifest, Registry
+from builder.oci.registry import Manifest
 from builder.plan.cell import Cell
-from builder.publish import existing, provenance
+from builder.publish import attachments, existing, provenance
 
 KEY_ENVIRONMENT = "TORCH_IMAGES_VERIFY_KEY"  # a PEM public key, for CI's variables
 
@@ -52,40 +51,24 @@ class Evidence:
     rebuilt_on: set[str] = field(default_factory=set)  # engines whose signed rebuild gave this image ID
 
 
-def signed_evidence(
-    registry: Registry,
-    repository: str,
-    manifest: Manifest,
-    image_id: str,
-    cell: Cell | None,
-    key: SSlibKey,
-) -> Evidence:
+def signed_evidence(door: attachments.Door, manifest: Manifest, image_id: str, cell: Cell | None,
+                    key: SSlibKey) -> Evidence:  # fmt: skip
     """Read and check every attestation attached to `manifest`; one that does not verify, or is
     about another image, is left out. The build ID the provenance must name is the label of
-    this manifest's own config (read by digest, so a tag moved meanwhile cannot change it)."""
+    this manifest's own config (read by digest, so a tag moved meanwhile cannot change it).
+    More attestations than the gates read is refused, not cut short: a cut list could hide the
+    team's own behind another party's."""
     evidence = Evidence()
-    build_id = existing.published_build_id(registry, repository, manifest.digest) or ""
-    listed = provenance.attested(registry, repository, manifest.digest)
-    if len(listed) > provenance.MAX_VERIFIED:  # said, not cut short: a cut list could hide the team's own
-        raise UserError(
-            f"{manifest.digest[:19]} carries {len(listed)} attestations, more than the {provenance.MAX_VERIFIED} "
-            "the gates read; remove the ones that are not the team's (publish --prune-reports)"
-        )
-    for entry in listed:
-        try:
-            document = registry.artifact(repository, str(entry["digest"]), provenance.MAX_ENVELOPE_BYTES)
-            artifact_type = str(entry.get("artifactType", provenance.BUNDLE_TYPE))
-            statement = provenance.verified_statement(document, artifact_type, key, manifest.digest, image_id)
-        except UserError:
-            continue
-        predicate = statement["predicate"]
-        if statement.get("predicateType") == provenance.SELFTEST:
+    build_id = existing.published_build_id(door.registry, door.repository, manifest.digest) or ""
+    for signed in door.signed(manifest.digest, image_id, key, provenance.MAX_VERIFIED):
+        predicate = signed.predicate
+        if signed.predicate_type == provenance.SELFTEST:
             evidence.reports.append(predicate)
-        elif statement.get("predicateType") == provenance.REBUILD:
+        elif signed.predicate_type == provenance.REBUILD:
             engine = provenance.rebuild_engine(predicate, image_id)
             if engine is not None:
                 evidence.rebuilt_on.add(engine)
-        elif statement.get("predicateType") == provenance.PROVENANCE:
+        elif signed.predicate_type == provenance.PROVENANCE:
             problem = provenance.provenance_problem(predicate, build_id, cell)
             if evidence.provenance_problem is not None:  # one signed provenance that holds is enough
                 evidence.provenance_problem = problem

@@ -23,7 +23,7 @@ from builder.config import grammar
 from builder.errors import UserError
 from builder.oci.registry import DIGEST, IMAGE_TYPES, INDEX_TYPES, Manifest, Registry, json_object
 from builder.plan.matrix import Matrix
-from builder.publish import provenance, reports, soci
+from builder.publish import attachments, provenance, reports, soci
 from builder.publish.publish import ARTIFACT_TYPES
 from builder.terminal import quoted, without_password
 
@@ -121,7 +121,7 @@ def _verify_image(
     found.build_id = _plain(labels.get(BUILD_ID_LABEL), grammar.BUILD_ID)
     found.cell = _plain(labels.get(CELL_LABEL), grammar.TAG)
     cuda = labels.get(CUDA_LABEL)
-    artifacts = _artifacts(registry, repository, manifest, found)
+    artifacts = _artifacts(attachments.Door(registry, repository), manifest, found)
     _check_sbom(artifacts, found)
     gpu_gate = _gpu_gate(grid, found.cell, cuda)
     _check_reports([a for a in artifacts if a.artifact_type == reports.SELFTEST_TYPE], found, gpu_gate)
@@ -145,10 +145,10 @@ class Artifact:
 READ_TYPES = frozenset({*ARTIFACT_TYPES.values(), *provenance.SIGNED_TYPES})
 
 
-def _artifacts(registry: Registry, repository: str, subject: Manifest, found: ImageFindings) -> list[Artifact]:
-    """Every artifact of a type publish attaches that names `subject` as its subject; one that
-    names another is a problem. Artifacts of other types are counted in a line, not read."""
-    entries = registry.referrers(repository, subject.digest)
+def _artifacts(door: attachments.Door, subject: Manifest, found: ImageFindings) -> list[Artifact]:
+    """Every artifact of a type publish attaches that proves to be `subject`'s (attachments.py);
+    one that does not is a problem. Artifacts of other types are counted in a line, not read."""
+    entries = door.listed(subject.digest)
     read = [e for e in entries if e.get("artifactType") in READ_TYPES]
     if len(read) > MAX_ARTIFACTS:  # only what is read is held to the limit; other tools' artifacts are counted
         raise UserError(
@@ -163,19 +163,15 @@ def _artifacts(registry: Registry, repository: str, subject: Manifest, found: Im
         kinds = sorted({_plain(entry.get("artifactType"), grammar.MEDIA_TYPE) or "no type" for entry in unread})
         found.lines.append(f"also attached, not read (not what publish attaches): {len(unread)} ({', '.join(kinds)})")
     artifacts = []
-    for entry in (e for e in entries if e.get("artifactType") in READ_TYPES):
-        digest = str(entry["digest"])
-        try:
-            document = registry.artifact_manifest(repository, digest)
-        except UserError as error:  # one bad artifact is a finding, not the end of the listing
+    for entry in read:
+        try:  # one bad artifact is a finding, not the end of the listing
+            attachment = door.read(subject.digest, str(entry.get("digest", "")), READ_TYPES)
+            body = door.document(attachment, smoke.MAX_REPORT_BYTES)
+        except UserError as error:
             found.problems.append(error.message)
             continue
-        if (document.get("subject") or {}).get("digest") != subject.digest:
-            found.problems.append(f"artifact {digest[:19]} belongs to another digest")
-            continue
-        body = registry.artifact_document(repository, document, smoke.MAX_REPORT_BYTES)
-        annotations = document.get("annotations") if isinstance(document.get("annotations"), dict) else {}
-        artifacts.append(Artifact(str(document.get("artifactType", "")), annotations or {}, body))
+        annotations = attachment.manifest.get("annotations")
+        artifacts.append(Artifact(attachment.artifact_type, annotations if isinstance(annotations, dict) else {}, body))
     return artifacts
 
 

@@ -6,8 +6,10 @@ fresh cache, on the engine GitHub's ubuntu-24.04 runners now have (Docker 29 wit
 image store, harness/docker29.py, its data root fresh and its CLI on the user's PATH), on
 a host without mmdebstrap: the cell job installs what it needs, bootstraps, builds, self-tests and stages into
 a loopback registry with credentials from `docker login`, signing with the key its secret holds;
-the promote job then promotes from the registry alone, and `verify --key` finds the SBOM, the
-report and the signed attestations on the digest.
+with `ci.rebuild_check` on in the checkout's matrix, the rebuild job builds the staged image again
+with BuildKit on the same engine, without cache, and signs that it gave the staged image's ID;
+the promote job then promotes from the registry alone, waiting for that signed rebuild, and
+`verify --key` finds the SBOM, the report, the signed attestations and the rebuild on the digest.
 
 What cannot run here is listed, not faked: the `uses:` actions (checkout is a copy of the tree;
 setup-python is this machine's Python 3.11; the cache starts empty), and GHCR's GITHUB_TOKEN
@@ -76,13 +78,26 @@ def engine29() -> Iterator[docker29.Engine]:
 
 
 def _runner_cli(runner: hosted_runner.Runner) -> Path:
-    """The Docker 29 CLI on the runner user's PATH, as the runner image installs it with the
-    engine (the daemon refuses the host's older CLI); returns the folder to put first on PATH."""
+    """The Docker 29 CLI on the runner user's PATH, and its buildx plugin where the CLI looks
+    (~/.docker/cli-plugins), as the runner image installs them with the engine (the daemon
+    refuses the host's older CLI); returns the folder to put first on PATH."""
     folder = runner.home / "docker29-bin"
     folder.mkdir(exist_ok=True)
     shutil.copy2(docker29.unpacked() / "usr/bin/docker", folder / "docker")
-    subprocess.run(["chown", "-R", f"{runner.user}:{runner.user}", str(folder)], check=True)
+    plugins = runner.home / ".docker" / "cli-plugins"
+    plugins.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(docker29.unpacked() / "usr/libexec/docker/cli-plugins/docker-buildx", plugins / "docker-buildx")
+    for made in (folder, runner.home / ".docker"):
+        subprocess.run(["chown", "-R", f"{runner.user}:{runner.user}", str(made)], check=True)
     return folder
+
+
+def _with_rebuild_check(checkout: Path) -> None:
+    """The checkout's matrix with ci.rebuild_check on, as a team that wants the quorum writes it."""
+    path = checkout / "matrix.yaml"
+    text = path.read_text()
+    assert "\nci:\n" in text and "rebuild_check" not in text
+    path.write_text(text.replace("\nci:\n", "\nci:\n  rebuild_check: true\n", 1))
 
 
 def test_the_emitted_github_workflow_runs_as_a_hosted_runner_from_install_to_promotion(
@@ -95,11 +110,21 @@ def test_the_emitted_github_workflow_runs_as_a_hosted_runner_from_install_to_pro
     if why is not None:
         pytest.fail(f"this machine cannot play a hosted runner: {why}")
     running = start_registry(user="ci", password="runner-secret")
-    monkeypatch.chdir(REPO)
-    grid = matrix.load_matrix(Path("matrix.yaml"))
+    runner = hosted_runner.Runner(env={})
+    runner.create()
+    try:
+        runner.checkout(REPO)
+        _with_rebuild_check(runner.workspace)
+        monkeypatch.chdir(runner.workspace)
+        grid = matrix.load_matrix(Path("matrix.yaml"))
+        workflow = yaml.safe_load(ci.workflow(grid, "github", registry=f"{running.host}/torch", names=[CELL]))
+    except BaseException:
+        runner.remove()
+        raise
     cell = grid.cell(CELL)
-    workflow = yaml.safe_load(ci.workflow(grid, "github", registry=f"{running.host}/torch", names=[CELL]))
-    assert list(workflow["jobs"]) == ["cell", "promote"]  # a CPU cell: no GPU stage
+    assert list(workflow["jobs"]) == ["cell", "rebuild", "promote"]  # a CPU cell: no GPU stage
+    assert workflow["jobs"]["promote"]["needs"] == ["cell", "rebuild"]
+    runner.env.update({**workflow["env"], "GITHUB_REPOSITORY_OWNER": "Acme"})
     signing_key = ed25519.Ed25519PrivateKey.generate()
     pem = signing_key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
@@ -119,11 +144,8 @@ def test_the_emitted_github_workflow_runs_as_a_hosted_runner_from_install_to_pro
     }
     client = docker.DockerClient(base_url=engine29.docker_host, version="auto")
     assert client.version()["Version"].startswith("29.") and client.images.list() == []  # empty, as on a runner
-    runner = hosted_runner.Runner(env={**workflow["env"], "GITHUB_REPOSITORY_OWNER": "Acme"})
     log: list[str] = []
-    runner.create()
     try:
-        runner.checkout(REPO)
         runner.env["DOCKER_HOST"] = engine29.docker_host
         runner.env["PATH"] = f"{_runner_cli(runner)}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
         refused = subprocess.run(
@@ -133,6 +155,7 @@ def test_the_emitted_github_workflow_runs_as_a_hosted_runner_from_install_to_pro
         assert refused.returncode != 0, "the runner's user must not be able to create user namespaces"
         with without_mmdebstrap():
             not_tried = _run_job(workflow["jobs"]["cell"], runner, context, log)
+            not_tried += _run_job(workflow["jobs"]["rebuild"], runner, context, log)
             not_tried += _run_job(workflow["jobs"]["promote"], runner, context, log)
             assert shutil.which("mmdebstrap") is not None  # the job installed it, through sudo
     finally:
@@ -158,10 +181,13 @@ def test_the_emitted_github_workflow_runs_as_a_hosted_runner_from_install_to_pro
     assert found.problems == [] and found.image_id == image_id
     assert any(line.startswith("signed provenance: 2 locks match this checkout") for line in found.lines)
     assert any(line.startswith('cpu report on "cpu": pass') for line in found.lines)
+    [rebuilt] = [line for line in found.lines if line.startswith("signed rebuilds that gave this image ID")]
+    assert rebuilt.startswith("signed rebuilds that gave this image ID: 1 (Docker 29.") and "BuildKit" in rebuilt
     steps = "\n".join(log)
     assert "installed mmdebstrap with sudo apt-get" in steps
     assert "bootstrapping debian bookworm (amd64) from its" in steps  # as root, through sudo
     assert f"{CELL}: built, recorded ID" in steps and "self-test pass" in steps
+    assert f"the same image ID {image_id}" in steps  # the rebuild job's BuildKit build agreed
 
 
 def _run_job(

@@ -22,6 +22,7 @@ from builder.oci.registry import OCI_INDEX
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix, load_matrix
 from builder.publish import multiarch, publish, staging
+from builder.publish.publisher import Publisher, Records
 from builder.wheelhouse import wheelhouse
 from tests.integration.conftest import RunningRegistry
 
@@ -75,6 +76,14 @@ def test_the_arm64_self_test_passes_under_emulation(
         assert result.report["image_id"] == both_built[cell.name]
 
 
+def _records(tmp_path: Path) -> Records:
+    return Records(tmp_path / "records", tmp_path / "README.md")
+
+
+def _options(tmp_path: Path) -> publish.PublishOptions:
+    return publish.PublishOptions(_records(tmp_path))
+
+
 @pytest.fixture
 def ready(
     client: docker.DockerClient,
@@ -102,11 +111,11 @@ def test_both_platforms_publish_as_one_index_and_each_pulls_back_and_runs(
 ) -> None:
     cells, here, registry = ready
     with pytest.raises(UserError, match=r"publish .* together with"):
-        publish.publish(client, here, [cells[1]], print, tmp_path / "records", tmp_path / "README.md")
+        publish.publish(client, here, [cells[1]], print, _options(tmp_path))
     api, repository = registry.api(), grid.spec.repository
     assert api.manifest(repository, cells[1].tag) is None  # refused before anything was pushed
 
-    items = publish.publish(client, here, cells, print, tmp_path / "records", tmp_path / "README.md")
+    items = publish.publish(client, here, cells, print, _options(tmp_path))
 
     tag = cells[0].tag
     index = api.manifest(repository, tag)
@@ -146,7 +155,7 @@ def test_both_platforms_publish_as_one_index_and_each_pulls_back_and_runs(
         assert output.decode().split() == expected[cell.platform]
 
     # Publishing again changes nothing: same images, same index.
-    again = publish.publish(client, here, cells, print, tmp_path / "records", tmp_path / "README.md")
+    again = publish.publish(client, here, cells, print, _options(tmp_path))
     assert all(item.unchanged and not item.moved_aliases for item in again)
     assert {item.points_to for item in again} == {index.digest}
 
@@ -160,11 +169,12 @@ def test_ci_stages_each_platform_alone_and_promotion_makes_the_index(
     cells, here, registry = ready
     api, repository, say = registry.api(), grid.spec.repository, lambda _: None
     # Each platform's CI job stages its own cell (on its own machine, in CI); no tag moves.
-    staged = {cell.name: staging.stage(client, api, here, [cell], "m1", say)[0] for cell in cells}
+    publisher = Publisher(api, here, say, client)
+    staged = {cell.name: staging.stage(publisher, [cell], "m1")[0] for cell in cells}
     assert api.manifest(repository, cells[0].tag) is None
     with pytest.raises(UserError, match=r"promote .* together with"):
-        staging.promote(api, here, [cells[0]], "m1", say, tmp_path / "records", tmp_path / "README.md")
-    items = staging.promote(api, here, cells, "m1", say, tmp_path / "records", tmp_path / "README.md")
+        staging.promote(publisher, [cells[0]], "m1", _records(tmp_path))
+    items = staging.promote(publisher, cells, "m1", _records(tmp_path))
     index = api.manifest(repository, cells[0].tag)
     assert index is not None and index.media_type == OCI_INDEX
     assert [m["digest"] for m in json.loads(index.body)["manifests"]] == [staged[c.name].digest for c in cells]

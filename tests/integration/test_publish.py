@@ -28,7 +28,19 @@ from builder.config import vex
 from builder.errors import UserError
 from builder.oci.registry import OCI_MANIFEST, Manifest, Registry
 from builder.plan.matrix import Matrix
-from builder.publish import cosign_tag, existing, provenance, publish, rebuild, reports, soci, staging, verify
+from builder.publish import (
+    attachments,
+    cosign_tag,
+    existing,
+    provenance,
+    publish,
+    rebuild,
+    reports,
+    soci,
+    staging,
+    verify,
+)  # fmt: skip
+from builder.publish.publisher import Publisher, Records
 from builder.wheelhouse import wheelhouse
 from harness import lazy, loopback, registry_fixtures, verifiers
 from tests.integration.conftest import BuiltCell, RunningRegistry
@@ -71,16 +83,8 @@ def _publish(
     readme = tmp_path / "README.md"
     if not readme.exists():
         readme.write_text(f"# x\n{publish.TABLE_START}\nNothing published yet.\n{publish.TABLE_END}\n")
-    return publish.publish(
-        built.client,
-        _grid_for(built, registry),
-        [built.cell],
-        lambda _: None,
-        tmp_path / "records",
-        readme,
-        ca_file=registry.ca,
-        signer=signer,
-    )
+    options = publish.PublishOptions(Records(tmp_path / "records", readme), ca_file=registry.ca, signer=signer)
+    return publish.publish(built.client, _grid_for(built, registry), [built.cell], lambda _: None, options)
 
 
 def test_publish_pushes_the_verified_tag_then_aliases_and_the_pulled_image_passes_its_self_test(
@@ -315,7 +319,7 @@ def test_ci_stages_each_cell_then_promotes_from_the_registry_alone(
     running = start_registry()
     grid, api, say, records, readme = _ci_setting(built, running, tmp_path, monkeypatch)
 
-    [staged] = staging.stage(built.client, api, grid, [built.cell], "r1", say)
+    [staged] = staging.stage(Publisher(api, grid, say, built.client), [built.cell], "r1")
     tag = staging.staging_tag(built.grid, built.cell, "r1")
     assert api.manifest("torch", tag).digest == staged.digest  # type: ignore[union-attr]
     assert api.manifest("torch", built.cell.tag) is None  # staging moves no versioned tag
@@ -324,7 +328,7 @@ def test_ci_stages_each_cell_then_promotes_from_the_registry_alone(
     # The gate reads the registry: a run that staged nothing, or an image whose attached
     # report is not a pass for exactly that image, promotes nothing.
     with pytest.raises(UserError, match=r"not staged \(.*staging-r2 is not in"):
-        staging.promote(api, grid, [built.cell], "r2", say, records, readme)
+        staging.promote(Publisher(api, grid, say), [built.cell], "r2", Records(records, readme))
     good = api.manifest("torch", tag)
     assert good is not None
     body = json.dumps({**json.loads(good.body), "annotations": {"test": "another image"}}).encode()
@@ -334,7 +338,7 @@ def test_ci_stages_each_cell_then_promotes_from_the_registry_alone(
     api.push_artifact("torch", "bad.selftest", failing, publish.ARTIFACT_TYPES["selftest"], {}, other)
     api.push_artifact("torch", "bad.sbom", b"{}", publish.ARTIFACT_TYPES["sbom"], {}, other)
     with pytest.raises(UserError, match=r"no passing self-test report for image .*status is not pass"):
-        staging.promote(api, grid, [built.cell], "bad", say, records, readme)
+        staging.promote(Publisher(api, grid, say), [built.cell], "bad", Records(records, readme))
     assert api.manifest("torch", built.cell.tag) is None
     # The review's case: a report of the right image saying pass, with no checks at all.
     hollow = Manifest.of(
@@ -345,11 +349,11 @@ def test_ci_stages_each_cell_then_promotes_from_the_registry_alone(
     api.push_artifact("torch", "hollow.selftest", empty, publish.ARTIFACT_TYPES["selftest"], {}, hollow)
     api.push_artifact("torch", "hollow.sbom", b"{}", publish.ARTIFACT_TYPES["sbom"], {}, hollow)
     with pytest.raises(UserError, match="lacks checks the self-test runs: host, environment"):
-        staging.promote(api, grid, [built.cell], "hollow", say, records, readme)
+        staging.promote(Publisher(api, grid, say), [built.cell], "hollow", Records(records, readme))
     assert api.manifest("torch", built.cell.tag) is None
 
     # Promotion needs no engine: the versioned tag takes the staged manifest, then the aliases.
-    [promoted] = staging.promote(api, grid, [built.cell], "r1", say, records, readme)
+    [promoted] = staging.promote(Publisher(api, grid, say), [built.cell], "r1", Records(records, readme))
     assert api.manifest("torch", built.cell.tag).digest == staged.digest  # type: ignore[union-attr]
     assert all(api.manifest("torch", a).digest == staged.digest for a in built.cell.aliases)  # type: ignore[union-attr]
     assert api.manifest("torch", f"{built.cell.tag}.selftest") is not None
@@ -361,7 +365,7 @@ def test_ci_stages_each_cell_then_promotes_from_the_registry_alone(
     local = built.client.images.get(built.reference)
     built.client.images.remove(built.reference)
     try:
-        [again] = staging.stage(built.client, api, grid, [built.cell], "r3", say)
+        [again] = staging.stage(Publisher(api, grid, say, built.client), [built.cell], "r3")
     finally:
         local.tag(*built.reference.split(":", 1))
     assert again.digest == staged.digest
@@ -378,7 +382,7 @@ def test_reports_sit_side_by_side_a_cpu_report_cannot_pass_a_gpu_gate_and_verify
 ) -> None:
     running = start_registry()
     grid, api, say, records, readme = _ci_setting(built, running, tmp_path, monkeypatch)
-    [staged] = staging.stage(built.client, api, grid, [built.cell], "g1", say)
+    [staged] = staging.stage(Publisher(api, grid, say, built.client), [built.cell], "g1")
     tag = staging.staging_tag(built.grid, built.cell, "g1")
     subject = api.manifest("torch", tag)
     assert subject is not None
@@ -389,17 +393,17 @@ def test_reports_sit_side_by_side_a_cpu_report_cannot_pass_a_gpu_gate_and_verify
     first = smoke.passing_report(built.image_id)
     assert first is not None
     second = {**smoke_result.report, "host": "another-runner"}
-    reports.attach(api, "torch", subject, tag, second, staged.build_id, built.cell.tag)
-    attached = reports.attached(api, "torch", staged.digest)
+    attachments.Door(api, "torch").attach_report(subject, tag, second, staged.build_id, built.cell.tag)
+    attached = attachments.Door(api, "torch").reports(staged.digest)
     assert sorted(r["host"] for r in attached) == sorted([first["host"], "another-runner"])
 
     # The cell's tags made to wait for a GPU: its real (CPU) reports cannot open that gate.
     gated = replace(built.cell, gpu_gate="required")
     with pytest.raises(UserError, match=r"no passing GPU self-test .* ran on cpu, not on a CUDA device"):
-        staging.promote(api, grid, [gated], "g1", say, records, readme)
+        staging.promote(Publisher(api, grid, say), [gated], "g1", Records(records, readme))
     assert api.manifest("torch", built.cell.tag) is None
     optional = replace(built.cell, gpu_gate="optional")  # optional: untested may go, and says so
-    [promoted] = staging.promote(api, grid, [optional], "g1", say, records, readme)
+    [promoted] = staging.promote(Publisher(api, grid, say), [optional], "g1", Records(records, readme))
     assert json.loads((records / f"{built.cell.name}.json").read_text())["gpu"] == {
         "status": "not tested", "gate": "optional"
     }  # fmt: skip
@@ -438,7 +442,9 @@ def test_reports_sit_side_by_side_a_cpu_report_cannot_pass_a_gpu_gate_and_verify
     # A report of another image attached to this digest, and an artifact of another digest
     # listed among its referrers, are both named and fail verify.
     foreign = {**smoke_result.report, "image_id": "sha256:" + "d" * 64}
-    reports.attach(api, "torch", subject, tag, {**foreign, "host": "x"}, staged.build_id, built.cell.tag)
+    attachments.Door(api, "torch").attach_report(
+        subject, tag, {**foreign, "host": "x"}, staged.build_id, built.cell.tag
+    )
     stray = Manifest.of(
         json.dumps({**json.loads(subject.body), "annotations": {"a": "b"}}).encode(), subject.media_type
     )
@@ -552,9 +558,10 @@ def test_a_signed_publish_verifies_with_its_key_and_every_tampering_fails_in_one
     signer = provenance.load_signer(private)
     assert signer is not None
     elsewhere = provenance.Subject(f"{running.host}/torch", "sha256:" + "e" * 64, item.image_id, item.build_id)
-    provenance.attach(
-        api, "torch", subject, "elsewhere.att", provenance.selftest_statement(elsewhere, smoke_result.report), signer
-    )
+    attachments.Door(api, "torch").attach_statement(
+        subject, "elsewhere.att",
+        provenance.selftest_statement(elsewhere, smoke_result.report), signer,
+    )  # fmt: skip
     code, out = verify_with(public)
     assert code == 1
     assert out.count("its signature does not verify with the given key") == 2  # the flipped byte, both forms
@@ -612,7 +619,7 @@ def test_with_the_teams_key_promote_trusts_only_what_it_signed(
     assert signer is not None
     running = start_registry()
     grid, api, say, records, readme = _ci_setting(built, running, tmp_path, monkeypatch)
-    [staged] = staging.stage(built.client, api, grid, [built.cell], "k1", say, signer)
+    [staged] = staging.stage(Publisher(api, grid, say, built.client, signer), [built.cell], "k1")
     tag = staging.staging_tag(built.grid, built.cell, "k1")
     subject = api.manifest("torch", tag)
     assert subject is not None
@@ -622,14 +629,14 @@ def test_with_the_teams_key_promote_trusts_only_what_it_signed(
     # why promote says so when it runs without one.)
     forged = _made_up_gpu_pass(smoke_result.report)
     assert smoke.why_not_a_gpu_pass(forged, staged.image_id) is None  # it would pass an unsigned gate
-    reports.attach(api, "torch", subject, tag, forged, staged.build_id, built.cell.tag)
+    attachments.Door(api, "torch").attach_report(subject, tag, forged, staged.build_id, built.cell.tag)
     stranger = provenance.load_signer(stranger_private)
     assert stranger is not None
     about = provenance.Subject(f"{running.host}/torch", subject.digest, staged.image_id, staged.build_id)
-    provenance.attach_report(api, "torch", subject, tag, about, forged, stranger)
+    attachments.Door(api, "torch").attach_signed_report(subject, tag, about, forged, stranger)
     gated = replace(built.cell, gpu_gate="required")
     with pytest.raises(UserError, match=r"no passing GPU self-test .*\(signed reports only\)"):
-        staging.promote(api, grid, [gated], "k1", say, records, readme, key=key)
+        staging.promote(Publisher(api, grid, say, key=key), [gated], "k1", Records(records, readme))
     assert api.manifest("torch", built.cell.tag) is None
 
     # The staging tag re-pointed at another image with an SBOM and a passing report of its own,
@@ -638,10 +645,10 @@ def test_with_the_teams_key_promote_trusts_only_what_it_signed(
         json.dumps({**json.loads(subject.body), "annotations": {"swapped": "in"}}).encode(), subject.media_type
     )
     api.put_manifest("torch", staging.staging_tag(built.grid, built.cell, "k2"), swapped)
-    reports.attach(api, "torch", swapped, "k2", smoke_result.report, staged.build_id, built.cell.tag)
+    attachments.Door(api, "torch").attach_report(swapped, "k2", smoke_result.report, staged.build_id, built.cell.tag)
     api.push_artifact("torch", "k2.sbom", b"{}", publish.ARTIFACT_TYPES["sbom"], {}, swapped)
     with pytest.raises(UserError, match=r"no signed provenance from the trusted key on sha256:"):
-        staging.promote(api, grid, [built.cell], "k2", say, records, readme, key=key)
+        staging.promote(Publisher(api, grid, say, key=key), [built.cell], "k2", Records(records, readme))
     assert api.manifest("torch", built.cell.tag) is None
 
     # Without a key, the digests the stage job recorded (CI carries them to promote as an
@@ -650,12 +657,13 @@ def test_with_the_teams_key_promote_trusts_only_what_it_signed(
     staging.write_staged(record, grid, "k1", [staged])
     api.put_manifest("torch", tag, swapped)
     with pytest.raises(UserError, match=rf"{tag} now points at {swapped.digest[:19]}, the stage job pushed"):
-        staging.promote(api, grid, [built.cell], "k1", say, records, readme, staged_record=record)
+        staging.promote(Publisher(api, grid, say), [built.cell], "k1", Records(records, readme), record)
     api.put_manifest("torch", tag, subject)
     assert api.manifest("torch", built.cell.tag) is None
 
     # What the team's key signed about the staged digest opens the gate, and the record keeps it.
-    [promoted] = staging.promote(api, grid, [built.cell], "k1", say, records, readme, key=key, staged_record=record)
+    publisher = Publisher(api, grid, say, key=key)
+    [promoted] = staging.promote(publisher, [built.cell], "k1", Records(records, readme), record)
     assert api.manifest("torch", built.cell.tag).digest == staged.digest == promoted.digest  # type: ignore[union-attr]
 
 
@@ -787,12 +795,12 @@ def test_pruning_deletes_stale_reports_and_their_statements_and_never_a_failure(
     about = provenance.Subject(f"{running.host}/torch", subject.digest, item.image_id, item.build_id)
 
     def attach(report: dict[str, object], signed: bool = True) -> None:
-        reports.attach(api, "torch", subject, tag, report, item.build_id, tag)
+        attachments.Door(api, "torch").attach_report(subject, tag, report, item.build_id, tag)
         if signed:
-            provenance.attach_report(api, "torch", subject, tag, about, report, signer)
+            attachments.Door(api, "torch").attach_signed_report(subject, tag, about, report, signer)
 
     # The report publish attached (the build machine's latest self-test of this image).
-    [newest] = reports.attached(api, "torch", subject.digest)
+    [newest] = attachments.Door(api, "torch").reports(subject.digest)
     assert newest["image_id"] == item.image_id and newest["status"] == "pass"
     attach({**newest, "time": "2020-01-01T00:00:00Z"})  # an older pass of the same device
     attach({**newest, "image_id": "sha256:" + "d" * 64}, signed=False)  # another image's
@@ -800,34 +808,34 @@ def test_pruning_deletes_stale_reports_and_their_statements_and_never_a_failure(
     attach(failed)
     api.push_artifact("torch", "junk.selftest", b"not a report", reports.SELFTEST_TYPE, {}, subject)
     assert len(api.referrers("torch", subject.digest, reports.SELFTEST_TYPE)) == 5
-    statements_before = len(provenance.attested(api, "torch", subject.digest))
+    statements_before = len(attachments.Door(api, "torch").listed(subject.digest, provenance.SIGNED_TYPES))
     att_before = len(json.loads(api.manifest("torch", cosign_tag.tag(subject.digest)).body)["layers"])  # type: ignore[union-attr]
 
     monkeypatch.chdir(tmp_path)
     argv = ["--matrix", str(built.grid.path), "publish", "--registry", running.host, "--prune-reports", built.cell.name]
     assert cli.main(argv) == 0  # without the key: the older signed pass is not known to be superseded
-    assert sorted(r["time"] for r in reports.attached(api, "torch", subject.digest) if r["status"] == "pass") == sorted(
-        [newest["time"], "2020-01-01T00:00:00Z"]
-    )
+    assert sorted(
+        r["time"] for r in attachments.Door(api, "torch").reports(subject.digest) if r["status"] == "pass"
+    ) == sorted([newest["time"], "2020-01-01T00:00:00Z"])
     argv += ["--key", str(public)]
     assert cli.main(argv) == 0
 
-    left = reports.attached(api, "torch", subject.digest)
+    left = attachments.Door(api, "torch").reports(subject.digest)
     assert sorted((r["time"], r["status"]) for r in left) == sorted(
         [(newest["time"], "pass"), ("2019-01-01T00:00:00Z", "fail")]
     )
     # The older pass's two signed statements went, in both forms; the rest of the signing stayed.
-    assert len(provenance.attested(api, "torch", subject.digest)) == statements_before - 2
+    assert len(attachments.Door(api, "torch").listed(subject.digest, provenance.SIGNED_TYPES)) == statements_before - 2
     att_after = len(json.loads(api.manifest("torch", cosign_tag.tag(subject.digest)).body)["layers"])  # type: ignore[union-attr]
     assert att_after == att_before - 2
     key = provenance.load_public_key(public)
     kept = [provenance.verified_statement(api.artifact("torch", str(e["digest"])), str(e["artifactType"]), key,
                                           subject.digest, item.image_id)
-            for e in provenance.attested(api, "torch", subject.digest)]  # fmt: skip
+            for e in attachments.Door(api, "torch").listed(subject.digest, provenance.SIGNED_TYPES)]  # fmt: skip
     times = {s["predicate"].get("time") for s in kept if s["predicateType"] == provenance.SELFTEST}
     assert times == {newest["time"], "2019-01-01T00:00:00Z"}
     # Nothing left to prune: a second run deletes nothing.
-    assert cli.main(argv) == 0 and len(reports.attached(api, "torch", subject.digest)) == 2
+    assert cli.main(argv) == 0 and len(attachments.Door(api, "torch").reports(subject.digest)) == 2
 
 
 def test_publish_soci_attaches_an_index_by_which_a_node_starts_the_image_lazily(
@@ -853,9 +861,8 @@ def test_publish_soci_attaches_an_index_by_which_a_node_starts_the_image_lazily(
     readme.write_text(f"# x\n{publish.TABLE_START}\n{publish.TABLE_END}\n")
 
     def publish_once() -> publish.Publication:
-        [item] = publish.publish(
-            built.client, lazy_grid, [built.cell], lambda _: None, tmp_path / "records", readme, ca_file=registry.ca
-        )
+        options = publish.PublishOptions(Records(tmp_path / "records", readme), ca_file=registry.ca)
+        [item] = publish.publish(built.client, lazy_grid, [built.cell], lambda _: None, options)
         return item
 
     item = publish_once()
@@ -913,7 +920,7 @@ def test_a_third_partys_sbom_attached_first_is_neither_taken_for_the_images_nor_
     signed = [
         provenance.verified_statement(api.artifact("torch", str(e["digest"])), str(e["artifactType"]), key,
                                       subject.digest, item.image_id)
-        for e in provenance.attested(api, "torch", subject.digest)
+        for e in attachments.Door(api, "torch").listed(subject.digest, provenance.SIGNED_TYPES)
     ]  # fmt: skip
     [cyclonedx] = [s["predicate"] for s in signed if s["predicateType"] == provenance.CYCLONEDX]
     assert cyclonedx != forged and cyclonedx in documents
@@ -940,7 +947,7 @@ def test_junk_annotated_as_the_teams_statements_does_not_stop_the_key_signing(
                           {provenance.PREDICATE_ANNOTATION: kind}, subject)  # fmt: skip
     _publish(built, running, tmp_path, monkeypatch, provenance.load_signer(private))
     key = provenance.load_public_key(public)
-    kinds = provenance.verified_kinds(api, "torch", subject.digest, item.image_id, key)
+    kinds = attachments.Door(api, "torch").verified_kinds(subject.digest, item.image_id, key)
     assert {provenance.PROVENANCE, provenance.SELFTEST, provenance.CYCLONEDX} <= kinds
 
 
@@ -1054,7 +1061,7 @@ def test_promote_waits_for_the_signed_rebuilds_the_matrix_requires(
     running = start_registry()
     grid, api, say, records, readme = _ci_setting(built, running, tmp_path, monkeypatch)
     grid.spec = grid.spec.model_copy(update={"publish": grid.spec.publish.model_copy(update={"require_rebuilds": 2})})
-    [staged] = staging.stage(built.client, api, grid, [built.cell], "q1", say, signer)
+    [staged] = staging.stage(Publisher(api, grid, say, built.client, signer), [built.cell], "q1")
     subject = api.manifest("torch", staging.staging_tag(built.grid, built.cell, "q1"))
     assert subject is not None
     about = provenance.Subject(f"{running.host}/torch", subject.digest, staged.image_id, staged.build_id)
@@ -1062,15 +1069,17 @@ def test_promote_waits_for_the_signed_rebuilds_the_matrix_requires(
     def rebuilt(engine: str, image_id: str, on: Manifest) -> None:
         other = replace(about, image_id=image_id, digest=on.digest)
         statement = provenance.rebuild_statement(other, engine, "test", "2026-12-06T00:00:00Z")
-        provenance.attach(api, "torch", on, f"q1.rebuild-{abs(hash(engine + image_id))}", statement, signer)
+        attachments.Door(api, "torch").attach_statement(
+            on, f"q1.rebuild-{abs(hash(engine + image_id))}", statement, signer
+        )
 
     with pytest.raises(UserError, match=r"publish\.require_rebuilds is 2; .* carries 0 signed rebuilds"):
-        staging.promote(api, grid, [built.cell], "q1", say, records, readme, key=key)
+        staging.promote(Publisher(api, grid, say, key=key), [built.cell], "q1", Records(records, readme))
     rebuilt("Docker 20.10.24 (overlay2)", staged.image_id, subject)
     rebuilt("Docker 29.1.3 (containerd store)", "sha256:" + "d" * 64, subject)  # disagreed: it gave another image
     with pytest.raises(UserError, match="carries 1 signed rebuilds"):
-        staging.promote(api, grid, [built.cell], "q1", say, records, readme, key=key)
+        staging.promote(Publisher(api, grid, say, key=key), [built.cell], "q1", Records(records, readme))
     assert api.manifest("torch", built.cell.tag) is None
     rebuilt("Docker 29.1.3 (containerd store)", staged.image_id, subject)
-    [promoted] = staging.promote(api, grid, [built.cell], "q1", say, records, readme, key=key)
+    [promoted] = staging.promote(Publisher(api, grid, say, key=key), [built.cell], "q1", Records(records, readme))
     assert promoted.digest == staged.digest

@@ -16,7 +16,8 @@ from securesystemslib.signer import CryptoSigner
 from builder.assemble import build, smoke
 from builder.errors import UserError
 from builder.plan.matrix import Matrix
-from builder.publish import publish, recompress, reports, staging
+from builder.publish import publish, recompress, staging
+from builder.publish.publisher import Publisher, Records
 from harness import containerd
 from tests.integration.conftest import BuiltCell, RunningRegistry
 
@@ -37,8 +38,8 @@ def _publish_zstd(
     tmp_path.mkdir(parents=True, exist_ok=True)
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n{publish.TABLE_START}\n{publish.TABLE_END}\n")
-    return publish.publish(built.client, _zstd_grid(built, registry), [built.cell], lambda _: None,
-                           tmp_path / "records", readme, signer=signer)  # fmt: skip
+    options = publish.PublishOptions(Records(tmp_path / "records", readme), signer=signer)
+    return publish.publish(built.client, _zstd_grid(built, registry), [built.cell], lambda _: None, options)
 
 
 def _empty_zstd_cache(monkeypatch: pytest.MonkeyPatch, where: Path) -> None:
@@ -123,7 +124,8 @@ def test_zstd_form_is_the_same_image_containerd_pulls_it_and_its_bytes_reproduce
     elsewhere = json.loads(other_gzip.body)["layers"][0]  # a blob that registry does hold
     entry.write_text(json.dumps({"digest": elsewhere["digest"], "size": elsewhere["size"]}))
     level = built.grid.spec.publish.zstd_level
-    fooled = recompress.push_zstd_form(built.client, other_api, "torch", other_gzip, level, lambda _: None)
+    how = recompress.Recompression(level, lambda _: None)
+    fooled = recompress.push_zstd_form(built.client, other_api, "torch", other_gzip, how)
     assert fooled.digest != zstd_form.digest  # the unchecked cache makes a form that would not unpack
     signer = CryptoSigner.generate_ed25519()
     [*_, signed] = _publish_zstd(built, other, tmp_path / "fourth", signer)
@@ -163,7 +165,8 @@ def test_an_engine_older_than_docker_23_cannot_pull_the_zstd_form(
             pass
         gzip_form = api.manifest("small", "gzip")
         assert gzip_form is not None
-        api.put_manifest("small", "zstd", recompress.push_zstd_form(client, api, "small", gzip_form, 3, print))
+        zstd_form = recompress.push_zstd_form(client, api, "small", gzip_form, recompress.Recompression(3, print))
+        api.put_manifest("small", "zstd", zstd_form)
         client.images.remove(image.id, force=True)
         said = list(client.api.pull(f"{registry.host}/small", tag="zstd", stream=True, decode=True))
         assert any("failed to register layer" in str(chunk.get("error", "")) for chunk in said), said[-1:]
@@ -185,7 +188,8 @@ def test_ci_stages_and_promotes_both_forms_and_the_gpu_stage_attaches_to_both(
     _empty_zstd_cache(monkeypatch, tmp_path / "cache")
     registry = start_registry()
     grid, api, say = _zstd_grid(built, registry), registry.api(), (lambda _: None)
-    staged = staging.stage(built.client, api, grid, [built.cell], "z1", say)
+    publisher = Publisher(api, grid, say, built.client)
+    staged = staging.stage(publisher, [built.cell], "z1")
     assert [item.compression for item in staged] == ["gzip", "zstd"]
     zstd_tag = staging.staging_tag(grid, built.cell, "z1", "zstd")
     assert zstd_tag == f"{built.cell.tag}-zstd.staging-z1"
@@ -195,17 +199,15 @@ def test_ci_stages_and_promotes_both_forms_and_the_gpu_stage_attaches_to_both(
 
     # What the GPU stage does with its report: one image ID, so it goes to both staged forms.
     second_report = {**smoke_result.report, "run_by": "the GPU stage"}  # another run's report, not the same bytes
-    attached = staging.attach_gpu_report(
-        api, grid, built.cell, "z1", built.image_id, built.build_id, second_report, None
-    )
+    attached = staging.attach_gpu_report(publisher, built.cell, "z1", built.image_id, built.build_id, second_report)
     assert attached == [item.digest for item in staged]
-    assert all(len(reports.attached(api, "torch", digest)) == 2 for digest in attached)
+    assert all(len(publisher.door.reports(digest)) == 2 for digest in attached)
     with pytest.raises(UserError, match="is not image"):
-        staging.attach_gpu_report(api, grid, built.cell, "z1", "sha256:" + "0" * 64, "", smoke_result.report, None)
+        staging.attach_gpu_report(publisher, built.cell, "z1", "sha256:" + "0" * 64, "", smoke_result.report)
 
     records, readme = tmp_path / "records", tmp_path / "README.md"
     readme.write_text(f"# x\n{publish.TABLE_START}\n{publish.TABLE_END}\n")
-    promoted = staging.promote(api, grid, [built.cell], "z1", say, records, readme)
+    promoted = staging.promote(publisher, [built.cell], "z1", Records(records, readme))
     assert {item.target: item.digest for item in promoted} == {
         built.cell.tag: staged[0].digest,
         f"{built.cell.tag}-zstd": staged[1].digest,
@@ -220,7 +222,7 @@ def test_ci_stages_and_promotes_both_forms_and_the_gpu_stage_attaches_to_both(
     local = built.client.images.get(built.reference)
     built.client.images.remove(built.reference)
     try:
-        again = staging.stage(built.client, api, grid, [built.cell], "z2", say)
+        again = staging.stage(publisher, [built.cell], "z2")
     finally:
         local.tag(*built.reference.split(":", 1))
     assert [item.digest for item in again] == [item.digest for item in staged]

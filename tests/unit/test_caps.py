@@ -17,7 +17,7 @@ from builder.errors import UserError
 from builder.lock import header
 from builder.oci import auth, registry
 from builder.plan import matrix
-from builder.publish import reports, verify
+from builder.publish import attachments, reports, verify
 from builder.repro import recorded
 from tests.unit.test_hostile_inputs import Project, assert_one_line_error, project, run
 from tests.unit.test_registry_answers import (
@@ -220,10 +220,11 @@ def test_reports_on_a_digest_at_their_cap_are_read_and_past_it_are_refused(hosti
     host, handler = hostile
     client = registry.Registry(host, retries=0)
     _serve_attached(handler, IMAGE_ID, reports.MAX_REPORTS)
-    assert len(reports.attached(client, "torch", IMAGE_ID)) == reports.MAX_REPORTS
+    door = attachments.Door(client, "torch")
+    assert len(door.reports(IMAGE_ID)) == reports.MAX_REPORTS
     _serve_attached(handler, IMAGE_ID, reports.MAX_REPORTS + 1)
     with pytest.raises(UserError, match=f"carries {reports.MAX_REPORTS + 1} self-test reports, more than"):
-        reports.attached(client, "torch", IMAGE_ID)
+        door.reports(IMAGE_ID)
 
 
 def test_artifacts_verify_reads_at_their_cap_and_past_it_are_refused(hostile: tuple[str, type[Scripted]]) -> None:
@@ -231,10 +232,11 @@ def test_artifacts_verify_reads_at_their_cap_and_past_it_are_refused(hostile: tu
     client, subject = registry.Registry(host, retries=0), registry.Manifest.of(b"{}", OCI_MANIFEST)
     _serve_attached(handler, subject.digest, verify.MAX_ARTIFACTS)
     found = verify.ImageFindings(subject.digest, "")
-    assert len(verify._artifacts(client, "torch", subject, found)) == verify.MAX_ARTIFACTS and not found.problems
+    door = attachments.Door(client, "torch")
+    assert len(verify._artifacts(door, subject, found)) == verify.MAX_ARTIFACTS and not found.problems
     _serve_attached(handler, subject.digest, verify.MAX_ARTIFACTS + 1)
     with pytest.raises(UserError, match=f"lists {verify.MAX_ARTIFACTS + 1} SBOMs, reports and attestations, more"):
-        verify._artifacts(client, "torch", subject, found)
+        verify._artifacts(door, subject, found)
 
 
 # ---------------------------------------------------------------- the documentation

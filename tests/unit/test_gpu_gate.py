@@ -17,6 +17,7 @@ from builder.assemble import smoke
 from builder.errors import UserError
 from builder.plan.matrix import load_matrix
 from builder.publish import publish, reports, staging, verify
+from builder.publish.publisher import Publisher
 
 IMAGE_ID = "sha256:" + "c" * 64
 OTHER_IMAGE = "sha256:" + "d" * 64
@@ -153,9 +154,10 @@ def test_the_gpu_stage_refuses_a_cpu_cell_and_an_engine_without_the_nvidia_runti
 
     engine, say = EngineWithoutGpus(), lambda _: None
     with pytest.raises(UserError, match=r"2\.13\.0-cpu-bookworm-runtime: a CPU image has no GPU stage"):
-        staging.gpu_test(engine, None, grid, [grid.cell("2.13.0-cpu-bookworm-runtime")], "r1", say)  # type: ignore[arg-type]
+        publisher = Publisher(None, grid, say, engine)  # type: ignore[arg-type]
+        staging.gpu_test(publisher, [grid.cell("2.13.0-cpu-bookworm-runtime")], "r1")
     with pytest.raises(UserError, match="the engine has no NVIDIA runtime, so no container sees a GPU"):
-        staging.gpu_test(engine, None, grid, [grid.flagship], "r1", say)  # type: ignore[arg-type]
+        staging.gpu_test(publisher, [grid.flagship], "r1")
 
 
 @pytest.mark.parametrize(
@@ -238,7 +240,8 @@ def test_the_gpu_stage_skips_a_digest_that_already_carries_the_keys_gpu_pass(mon
     monkeypatch.setattr(trust, "signed_evidence", lambda *args: evidence)
     said: list[str] = []
     key = CryptoSigner.generate_ed25519().public_key
-    assert staging.gpu_test(NoEngine(), Staged(), grid, [cell], "7", said.append, None, key) == [None]  # type: ignore[arg-type]
+    publisher = Publisher(Staged(), grid, said.append, NoEngine(), key=key)  # type: ignore[arg-type]
+    assert staging.gpu_test(publisher, [cell], "7") == [None]
     assert "already carries a GPU pass signed by the key (NVIDIA H200); not tested again" in said[-1]
 
 

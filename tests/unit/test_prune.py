@@ -14,10 +14,11 @@ import pytest
 
 from builder.assemble import smoke
 from builder.oci.registry import OCI_INDEX, OCI_MANIFEST, Registry
-from builder.publish import prune, reports
+from builder.publish import attachments, prune, reports
 
 IMAGE = "sha256:" + "a" * 64
 DIGEST = "sha256:" + "d" * 64
+ARTIFACT = "sha256:" + "f" * 64
 
 
 def _report(device: str, time: str, status: str = "pass", image_id: str = IMAGE) -> dict[str, Any]:
@@ -117,8 +118,8 @@ def _artifact(subject: str, kind: str = reports.SELFTEST_TYPE, layers: int = 1) 
     ],
 )
 def test_only_a_manifest_that_names_this_digest_as_its_subject_is_proven(manifest: Any, proven: bool) -> None:
-    registry = _Registry({"sha256:x": manifest} if manifest is not None else {})
-    found = prune._proven_manifest(registry, "torch", "sha256:x", DIGEST, (reports.SELFTEST_TYPE,))  # type: ignore[arg-type]
+    registry = _Registry({ARTIFACT: manifest} if manifest is not None else {})
+    found = attachments.Door(registry, "torch").prove(DIGEST, ARTIFACT, [reports.SELFTEST_TYPE])  # type: ignore[arg-type]
     assert (found is not None) == proven
 
 
@@ -200,7 +201,7 @@ def test_on_a_registry_with_the_referrers_api_only_a_proven_attachment_is_delete
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         client = Registry(f"127.0.0.1:{server.server_address[1]}", retries=0)
-        pruned = prune.prune_digest(client, "torch", "tag", DIGEST, IMAGE)
+        pruned = prune.prune_digest(attachments.Door(client, "torch"), "tag", DIGEST, IMAGE)
     finally:
         server.shutdown()
         server.server_close()

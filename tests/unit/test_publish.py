@@ -15,6 +15,7 @@ from builder.facts.compat import TorchWheels
 from builder.oci.registry import Manifest
 from builder.plan.matrix import load_matrix
 from builder.publish import publish, staging
+from builder.publish.publisher import Publisher
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,7 +49,7 @@ def test_a_failed_alias_move_puts_the_moved_aliases_back(matrix_file: Path, whee
     registry = FlakyRegistry({cell.tag: new, "2.9-cu12.8-runtime": old, "latest": old}, failing="latest")
     item = publish.Publication(cell, "sha256:image", {"status": "pass"}, digest=new.digest)
     with pytest.raises(UserError, match="refused the manifest for latest"):
-        publish._move_aliases(registry, grid, [item], lambda _: None)  # type: ignore[arg-type]
+        publish._move_aliases(Publisher(registry, grid), [item])  # type: ignore[arg-type]
     assert registry.tags["2.9-cu12.8-runtime"] == old and registry.tags["latest"] == old
     assert registry.puts == ["2.9-cu12.8-runtime", "latest", "2.9-cu12.8-runtime"]  # the failed one is not retried
 

@@ -100,7 +100,8 @@ def test_an_archive_without_the_images_layer_is_refused_and_nothing_is_uploaded(
     registry = _FakeRegistry()
     gzip_form = Manifest.of(json.dumps({"config": {"digest": "sha256:" + "c" * 64, "size": 1}}).encode(), "x")
     with pytest.raises(UserError, match="held no layer with diff ID sha256:eeee"):
-        recompress.push_zstd_form(_FakeEngine(), registry, "torch", gzip_form, 3, lambda _: None)  # type: ignore[arg-type]
+        how = recompress.Recompression(3, lambda _: None)
+        recompress.push_zstd_form(_FakeEngine(), registry, "torch", gzip_form, how)  # type: ignore[arg-type]
     assert registry.uploaded == []
 
 

@@ -4,7 +4,7 @@ line, its newlines and control characters escaped, so a report cannot print a ve
 from __future__ import annotations
 
 from builder.oci.registry import Manifest
-from builder.publish import reports, verify
+from builder.publish import attachments, reports, verify
 from builder.terminal import quoted
 
 IMAGE = "sha256:" + "a" * 64
@@ -37,5 +37,5 @@ def test_many_artifacts_of_other_tools_do_not_make_verify_refuse_the_image() -> 
 
     subject = Manifest.of(b'{"schemaVersion": 2}', "application/vnd.oci.image.manifest.v1+json")
     found = verify.ImageFindings(digest=subject.digest, platform="", image_id=IMAGE)
-    assert verify._artifacts(Registry(), "torch", subject, found) == []  # type: ignore[arg-type]
+    assert verify._artifacts(attachments.Door(Registry(), "torch"), subject, found) == []  # type: ignore[arg-type]
     assert any("not read" in line and ": 100 (" in line for line in found.lines)

@@ -17,7 +17,7 @@ import pytest
 from builder.config import platform
 from builder.errors import UserError
 from builder.oci.registry import OCI_MANIFEST, Manifest
-from builder.publish import soci
+from builder.publish import attachments, soci
 from builder.wheelhouse import tools
 from builder.wheelhouse.fileref import FileRef
 
@@ -178,11 +178,6 @@ class _Registry:
         return digest in self.blobs
 
 
-class _Grid:
-    class spec:
-        repository = "torch"
-
-
 class _Item:
     digest = IMAGE.digest
 
@@ -193,7 +188,7 @@ def test_only_an_attached_index_that_proves_to_be_this_images_counts_as_attached
     other_image["subject"]["digest"] = "sha256:" + "e" * 64
     ztoc = made_by_soci()["layers"][0]["digest"]
     for listed, blobs in (([other_image], {ztoc}), ([made_by_soci()], set()), ([{"junk": 1}], {ztoc})):
-        assert soci.attached(_Registry(listed, blobs), _Grid(), _Item()) is None  # type: ignore[arg-type]
+        assert soci.attached(attachments.Door(_Registry(listed, blobs), "torch"), _Item()) is None  # type: ignore[arg-type]
     ours = _Registry([other_image, made_by_soci()], {ztoc})
-    found = soci.attached(ours, _Grid(), _Item())  # type: ignore[arg-type]
+    found = soci.attached(attachments.Door(ours, "torch"), _Item())  # type: ignore[arg-type]
     assert found == Manifest.of(json.dumps(made_by_soci()).encode(), OCI_MANIFEST).digest

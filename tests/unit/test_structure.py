@@ -108,3 +108,51 @@ def test_the_benchmarks_import_nothing_from_the_tests() -> None:
         imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
         imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         assert not [m for m in imported if m == "tests" or m.startswith("tests.")], path
+
+
+# What a registry offers for attachments (referrers): only the door (builder/publish/attachments.py)
+# calls these, so that the trust rules of publishing live in one place.
+REFERRER_OPERATIONS = {
+    "referrers", "attached", "push_artifact", "put_referrer", "delete_manifest", "drop_from_referrers_tag",
+    "artifact_manifest", "artifact_document", "artifact",
+}  # fmt: skip
+
+
+def test_publish_reaches_a_registrys_attachments_only_through_the_one_door() -> None:
+    """Issue 49: soci, reports, provenance, prune, staging and verify each listed, read, pushed and
+    deleted referrers themselves."""
+    callers = []
+    for path in sorted((REPO / "builder").rglob("*.py")):
+        if (path.name == "attachments.py" and path.parent.name == "publish") or path.parent.name == "oci":
+            continue
+        tree = ast.parse(path.read_text())
+        modules = {alias.asname or alias.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                   for alias in n.names}  # fmt: skip
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
+        for call in calls:
+            receiver = call.func.value  # type: ignore[attr-defined]
+            through_door = _is_door(receiver) or (isinstance(receiver, ast.Name) and receiver.id in modules)
+            if call.func.attr in REFERRER_OPERATIONS and not through_door:  # type: ignore[attr-defined]
+                callers.append(f"{path.relative_to(REPO)}:{call.lineno} {call.func.attr}")  # type: ignore[attr-defined]
+    assert callers == []
+
+
+def _is_door(node: ast.expr) -> bool:
+    """`door.x(...)`, `publisher.door.x(...)`: the door, not the registry."""
+    name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+    return name == "door"
+
+
+def test_no_function_in_publish_takes_more_than_six_parameters() -> None:
+    """Issue 49: 12 publish functions took 7 to 9, the engine, registry, grid, report and signer
+    travelling as a group; a Publisher carries them now."""
+    crowded = []
+    for path in sorted((REPO / "builder" / "publish").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                arguments = node.args
+                names = [a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)]
+                count = len(names) + bool(arguments.vararg) + bool(arguments.kwarg) - (names[:1] in (["self"], ["cls"]))
+                if count > 6:
+                    crowded.append(f"{path.name}:{node.lineno} {node.name} ({count})")
+    assert crowded == []
