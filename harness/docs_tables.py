@@ -1,6 +1,7 @@
 """Docs that come from the code (issue 49), as cibuildwheel writes its options table: the layout
-table in docs/development.md (each folder's docstring and each module's first sentence) and the
-JSON schema of matrix.yaml (docs/matrix.schema.json, from the typed fields that read it).
+table in docs/development.md (each folder's docstring and each module's first sentence), the
+key table of matrix.yaml in docs/custom-images.md and its JSON schema (docs/matrix.schema.json),
+both from the typed fields that read it and their docstrings (builder/config/schema.py).
 
 `python -m harness.docs_tables` writes them; tests/unit/test_docs.py fails when what is
 committed is not what the code gives."""
@@ -11,12 +12,18 @@ import ast
 import json
 import re
 import sys
+import types
+import typing
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 DEVELOPMENT = REPO / "docs" / "development.md"
 SCHEMA = REPO / "docs" / "matrix.schema.json"
+CUSTOM_IMAGES = REPO / "docs" / "custom-images.md"
 START, END = "<!-- layout: written by python -m harness.docs_tables; do not edit -->", "<!-- layout end -->"
+KEYS_START = "<!-- matrix keys: written by python -m harness.docs_tables from builder/config/schema.py; do not edit -->"
+KEYS_END = "<!-- matrix keys end -->"
 # The folders in the order data flows through them, then the mechanisms and the command line.
 FOLDERS = ("config", "facts", "plan", "engine", "lock", "wheelhouse", "render", "repro", "assemble", "publish",
            "oci", "commands")  # fmt: skip
@@ -56,18 +63,84 @@ def matrix_schema() -> str:
     return json.dumps(document, indent=1, sort_keys=True) + "\n"
 
 
+def _models_in(annotation: Any) -> tuple[str, Any] | None:
+    """The model a field's annotation holds, and how its keys are written below the field's:
+    `.` for the model itself (or an optional one), `.<name>.` for a dict of them, `[].` for a list."""
+    from builder.config import validated
+
+    def is_model(kind: Any) -> bool:
+        return isinstance(kind, type) and issubclass(kind, validated.Strict)
+
+    if is_model(annotation):
+        return ".", annotation
+    origin, arguments = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        found = [_models_in(argument) for argument in arguments if argument is not type(None)]
+        return found[0] if len(found) == 1 else None
+    if origin is dict and is_model(arguments[1]):
+        return ".<name>.", arguments[1]
+    if origin is list and is_model(arguments[0]):
+        return "[].", arguments[0]
+    return None
+
+
+def _default(field: Any) -> str:
+    if field.is_required():
+        return "required"
+    from pydantic import BaseModel
+
+    value = field.default
+    if value is None or isinstance(value, BaseModel) or value in ([], {}):
+        return ""
+    return f"`{json.dumps(value)}`" if not isinstance(value, bool) else f"`{str(value).lower()}`"
+
+
+def _key_rows(model: Any, prefix: str) -> list[str]:
+    from builder.config import schema
+
+    rows = []
+    for name, field in model.model_fields.items():
+        key = prefix + name
+        meaning = " ".join((field.description or "").split())
+        nested = _models_in(field.annotation)
+        if nested is not None and nested[1] is schema.Selector:
+            meaning += " A selector: any of torch, cuda, cudnn, python, base, flavor, index, trtllm, platform."
+            nested = None
+        rows.append(f"| `{key}` | {_default(field)} | {meaning} |")
+        if nested is not None:
+            rows += _key_rows(nested[1], key + nested[0])
+    return rows
+
+
+def matrix_keys() -> str:
+    """Every key of matrix.yaml, its default and what it means, from the typed fields' docstrings."""
+    sys.path.insert(0, str(REPO))
+    from builder.config import schema
+
+    return "\n".join(["| key | default | meaning |", "|---|---|---|", *_key_rows(schema.MatrixSpec, "")])
+
+
+def _between(text: str, start: str, end: str, body: str, where: Path) -> str:
+    if start not in text or end not in text:
+        raise SystemExit(f"{where}: the generated table's markers are missing ({start} ... {end})")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{body}\n{end}{tail}"
+
+
 def with_layout(text: str) -> str:
-    if START not in text or END not in text:
-        raise SystemExit(f"{DEVELOPMENT}: the layout table's markers are missing ({START} ... {END})")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{layout_table()}\n{END}{tail}"
+    return _between(text, START, END, layout_table(), DEVELOPMENT)
+
+
+def with_keys(text: str) -> str:
+    return _between(text, KEYS_START, KEYS_END, matrix_keys(), CUSTOM_IMAGES)
 
 
 def main() -> None:
     DEVELOPMENT.write_text(with_layout(DEVELOPMENT.read_text()))
+    CUSTOM_IMAGES.write_text(with_keys(CUSTOM_IMAGES.read_text()))
     SCHEMA.write_text(matrix_schema())
-    print(f"wrote the layout table in {DEVELOPMENT} and {SCHEMA}")
+    print(f"wrote the layout table in {DEVELOPMENT}, the key table in {CUSTOM_IMAGES} and {SCHEMA}")
 
 
 if __name__ == "__main__":

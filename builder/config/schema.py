@@ -44,49 +44,68 @@ class KeyringSpec(Strict):
     checked."""
 
     deb: HttpUrl
+    """The URL of the .deb that carries the archive's keyring."""
     sha256: Sha256
-    file: RelativeDir  # inside the package, e.g. usr/share/keyrings/ubuntu-archive-keyring.gpg
+    """The .deb's sha256: the key that checks the mirror is itself checked."""
+    file: RelativeDir
+    """The keyring's path inside the package, such as `usr/share/keyrings/ubuntu-archive-keyring.gpg`."""
 
 
 class SecuritySource(Strict):
     mirror: HttpUrl
+    """The security archive's mirror (Debian's is another tree: debian-security)."""
     suite: Name
+    """Its suite, such as `bookworm-security`: `lock` pins from it and `audit` reads it."""
 
 
 class BootstrapSpec(Strict):
     tool: Literal["mmdebstrap", "debootstrap"] = "mmdebstrap"
+    """What bootstraps the base: mmdebstrap or debootstrap."""
     mirror: HttpUrl
+    """The distribution's mirror the bootstrap reads."""
     variant: Literal["minbase"] = "minbase"
+    """The bootstrap's variant: minbase only."""
     components: list[Name] = ["main"]
-    # Packages beyond the variant's: Ubuntu's minbase lacks ubuntu-keyring, without which apt in
-    # the image cannot check the archive.
+    """The archive's components."""
     include: list[DebianPackage] = []
+    """Packages beyond minbase's: Ubuntu's minbase lacks ubuntu-keyring, without which apt in the
+    image cannot check the archive."""
     keyring: KeyringSpec | None = None
-    # Suites searched besides the base's own (mmdebstrap only): Ubuntu's release pocket never
-    # changes after release, its fixes come in <suite>-updates and <suite>-security.
+    """The archive's keyring for a host that lacks it (Ubuntu's on a Debian host)."""
     extra_suites: list[Name] = []
-    # mmdebstrap's own hook folders (mmdebstrap only). merged-usr: the merged /usr is set up by
-    # the hook, so bookworm's init-system-helpers takes usr-is-merged instead of usrmerge, which
-    # would pull perl (about 45 MB) into the base; debian:bookworm-slim is made the same way.
+    """Suites searched besides the base's own (mmdebstrap only), such as Ubuntu's `-updates` and
+    `-security`: its release pocket never changes after release."""
     hooks: list[Literal["merged-usr"]] = []
-    # Where the distro publishes its security fixes, when not among the suites above (Debian's
-    # security archive is another tree: debian-security, <suite>-security). `audit` reads it.
+    """mmdebstrap's own hook folders, only `merged-usr`: the merged /usr set up by the hook, so
+    bookworm's init-system-helpers takes usr-is-merged, not usrmerge (which pulls in perl)."""
     security: SecuritySource | None = None
+    """Where the distribution publishes its security fixes, when not among the suites above."""
 
 
 class BaseSpec(Strict):
     distro: Literal["debian", "ubuntu"]
+    """debian or ubuntu."""
     suite: Name
+    """The release, such as `bookworm` or `noble`."""
     glibc: Version
+    """Its glibc: a wheel needs a manylinux tag at or below it."""
     python: Version
-    image: Digest | None = None  # pulled where a registry is reachable; without it, always bootstrapped
+    """The distribution's own Python, which the image's venv is made from."""
+    image: Digest | None = None
+    """The registry's image pinned by digest, which `lock` starts from where a registry is
+    reachable; without it, the base is always bootstrapped."""
     bootstrap: BootstrapSpec
+    """How the base is bootstrapped from the distribution's archive."""
 
 
 class IndexSpec(Strict):
     url: HttpUrl | None = None
-    extra_urls: list[HttpUrl] = []  # searched after url, for packages url does not have
+    """A PEP 691 simple index. A cell resolves against its index only: a CPU or wrong-CUDA torch
+    can never pass as the one asked for."""
+    extra_urls: list[HttpUrl] = []
+    """Searched after `url`, for packages it does not have."""
     find_links: list[FindLinks] = []
+    """Local wheel folders; `${TORCH_WHEEL_DIR}` and `${TRTLLM_WHEEL_DIR}`, with `:-default`, expand."""
 
     @property
     def urls(self) -> list[str]:
@@ -106,29 +125,43 @@ class Selector(Strict):
 
 
 class Axes(Strict):
+    """Every combination of the axes is a candidate cell."""
+
     torch: Annotated[list[Version], Field(min_length=1)]
+    """torch versions."""
     cuda: list[Cuda] | None = None
+    """CUDA versions (default: the one each torch's wheels name)."""
     cudnn: list[Version] | None = None
+    """cuDNN versions (default: the one each torch's wheels name)."""
     python: list[Version] | None = None
+    """Python versions (default: each base's own)."""
     base: Annotated[list[Name], Field(min_length=1)]
+    """Bases, by their name under `bases`."""
     flavor: Annotated[list[Name], Field(min_length=1)]
-    platform: list[PlatformName] | None = None  # linux/amd64 when unset
+    """Flavors (runtime, devel, ...)."""
+    platform: list[PlatformName] | None = None
+    """`linux/amd64` (the default) and `linux/arm64`."""
 
 
 class AliasSpec(Strict):
     template: str
+    """A moving tag, with the fields `tag` takes."""
     where: Selector = Selector()
+    """The cells it applies to: no two cells of one platform may share an alias."""
 
 
 class BudgetSpec(Strict):
     """Most an image of a flavor may take, uncompressed: in all (base included), and per layer."""
 
     total: Size | None = None
+    """The whole image, base included, such as `"6 GB"`; a build over it fails (size.md)."""
     layer: Size | None = None
+    """Each layer; a build over it fails, naming the layer."""
 
 
 class WheelhouseSpec(Strict):
     listen: Loopback = "127.0.0.1:8741"
+    """The loopback address builds fetch wheels from (part of the rendered Dockerfiles)."""
 
 
 Arch = Literal["amd64", "arm64"]
@@ -139,20 +172,18 @@ class CiSpec(Strict):
     passing self-test on a GPU, run on a runner with these labels, unless `gpu_optional` selects
     the cell (its record and the README then say `GPU: not tested`)."""
 
-    # labels of runners with NVIDIA GPUs: a list for x86-64 ones, or one list per architecture
     gpu_runner: list[RunnerLabel] | dict[Arch, list[RunnerLabel]] = {}
+    """Labels of the runners with NVIDIA GPUs: a list for x86-64 ones, or one list per architecture."""
     gpu_optional: list[Selector] = []
-    # cells that are not jobs unless `ci` names them: their inputs are on no CI runner (wheels
-    # from a folder of the build machine, say)
+    """Cells whose GPU gate is optional: their tags move without a GPU run, and say `GPU: not tested`."""
     exclude: list[Selector] = []
-    # GitHub's own artifact attestations beside the team key's: each staged manifest also gets
-    # SLSA provenance signed keyless by GitHub (actions/attest, Sigstore), pushed beside it as
-    # a referrer (docs/security.md: what each path proves, and the SLSA build level it gives)
+    """Cells that are jobs only when `ci` names them: their inputs are on no CI runner (ci.md)."""
     github_attestations: bool = False
-    # A second build of each cell in a job of its own, with BuildKit beside the cell job's classic
-    # builder: it signs a rebuild statement when it gives the staged image's ID, and promote waits
-    # for one (publish.require_rebuilds counts at least 1 then).
+    """GitHub's own keyless SLSA provenance beside the team key's, on each staged manifest
+    (provenance.md)."""
     rebuild_check: bool = False
+    """A `rebuild` job builds each staged image again with BuildKit and signs the rebuild where the
+    image IDs agree; promote waits for it (publish.require_rebuilds counts at least 1 then)."""
 
     def gpu_runner_for(self, arch: str) -> list[str]:
         if isinstance(self.gpu_runner, list):
@@ -171,37 +202,61 @@ class PublishSpec(Strict):
     `<alias>-zstd` (containerd >= 1.5, Docker >= 23: docs/using-images.md)."""
 
     compression: Literal["gzip", "zstd"] = "gzip"
+    """`zstd` also pushes each image with zstd layers under `<tag>-zstd` and `<alias>-zstd` (the same
+    image ID; using-images.md says which clients read it)."""
     zstd_level: Annotated[int, Field(ge=1, le=19)] = ZSTD_LEVEL
-    # A SOCI index beside each gzip image, for nodes that start images lazily (soci-snapshotter);
-    # needs the soci CLI, containerd and root where publish runs (builder/publish/soci.py).
+    """1-19; the default is the bench's choice (benchmarks.md)."""
     soci: bool = False
-    # Promote with the team's key moves a tag only when this many signed rebuilds, each on an
-    # engine of its own, gave the staged image's ID (`verify --rebuild --sign-key`; ci.rebuild_check).
+    """Also attach a SOCI index to each gzip image, so nodes with AWS's SOCI snapshotter start it
+    lazily; needs containerd and root where `publish` runs (using-images.md)."""
     require_rebuilds: Annotated[int, Field(ge=0, le=8)] = 0
+    """Promote with the team's key moves a tag only when this many signed rebuilds, each on an
+    engine of its own, gave the staged image's ID (`verify --rebuild --sign-key`)."""
 
 
 class MatrixSpec(Strict):
     registry: RegistryHost
+    """Where `publish` pushes: `registry/repository:tag`."""
     repository: Repository
-    images: RelativeDir = "images"  # where render writes, relative to the matrix file
+    """The image's name under the registry."""
+    images: RelativeDir = "images"
+    """The folder of generated files (locks, Dockerfiles), relative to the matrix file."""
     tag: str
+    """Each cell's versioned tag, a template of the fields {torch} {torch_minor} {cuda} {cuda_tag}
+    {cudnn} {cudnn_tag} {accel} {python} {glibc} {base} {flavor} {trtllm} {arch}. Cells on
+    different platforms that get the same tag are one multi-arch tag."""
     aliases: list[AliasSpec] = []
+    """Moving tags; two cells of one platform never share one, and an alias (or `latest`) names only
+    one multi-arch tag's images."""
     flagship: Selector
+    """The cell `nox -s build` builds by default, one per platform (this host's is built); it also
+    gets `latest`."""
     source_date_epoch: Annotated[int, Field(ge=0, lt=2**32)]
+    """The fixed time of bootstraps, layers and labels."""
     wheelhouse: WheelhouseSpec = WheelhouseSpec()
-    budgets: dict[Name, BudgetSpec] = {}  # flavor -> its size budget
+    """The host-side wheel server builds install from."""
+    budgets: dict[Name, BudgetSpec] = {}
+    """The most an image of a flavor may take, uncompressed."""
     bases: dict[Name, BaseSpec]
+    """The base images, by name."""
     indexes: dict[Name, IndexSpec]
+    """Where wheels come from, by name."""
     defaults: Selector = Selector()
+    """Values every cell takes unless it says otherwise (such as its `index`)."""
     axes: Axes | None = None
+    """Every combination of these lists is a candidate cell."""
     include: list[Selector] = []
+    """Extra cells, each a whole cell (torch, base, flavor at least); one that cannot work is an error."""
     ci: CiSpec = CiSpec()
+    """What `ci` writes beyond the build jobs (ci.md)."""
     publish: PublishSpec = PublishSpec()
+    """How `publish` writes the images' layers and what promote waits for."""
 
     def uses_flavor(self, name: str) -> bool:
         return name in (self.axes.flavor if self.axes else []) or any(s.flavor == name for s in self.include)
 
     exclude: list[Selector] = []
+    """Combinations of the axes that are not cells."""
 
 
 def images_folder(path: Path, spec: MatrixSpec) -> Path:

@@ -46,7 +46,11 @@ Requirement = Annotated[str, field(grammar.REQUIREMENT)]
 
 class Strict(BaseModel):
     # Python's re: the grammars use lookaheads, which pydantic's default (Rust) engine lacks.
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, regex_engine="python-re")
+    # Each field's docstring is its description: the JSON schema editors read and the key table of
+    # docs/custom-images.md come from it (harness/docs_tables.py).
+    model_config = ConfigDict(
+        extra="forbid", strict=True, frozen=True, regex_engine="python-re", use_attribute_docstrings=True
+    )
 
 
 def validate(model: type[Model], data: Any, source: SourceMap, what: str) -> Model:

@@ -149,10 +149,14 @@ def test_the_front_page_keeps_its_lines_under_120_characters() -> None:
 
 
 def test_the_docs_that_come_from_the_code_are_what_the_code_gives() -> None:
-    """Issue 49: docs/development.md's layout table and docs/matrix.schema.json are written by
-    `python -m harness.docs_tables` from the modules' docstrings and matrix.yaml's typed fields."""
+    """Issue 49: docs/development.md's layout table, docs/custom-images.md's key table and
+    docs/matrix.schema.json are written by `python -m harness.docs_tables` from the modules'
+    docstrings and matrix.yaml's typed fields and their docstrings."""
     assert docs_tables.with_layout(docs_tables.DEVELOPMENT.read_text()) == docs_tables.DEVELOPMENT.read_text(), (
         "docs/development.md's layout table is stale: run python -m harness.docs_tables"
+    )
+    assert docs_tables.with_keys(docs_tables.CUSTOM_IMAGES.read_text()) == docs_tables.CUSTOM_IMAGES.read_text(), (
+        "docs/custom-images.md's matrix.yaml key table is stale: run python -m harness.docs_tables"
     )
     assert docs_tables.SCHEMA.read_text() == docs_tables.matrix_schema(), (
         "docs/matrix.schema.json is stale: run python -m harness.docs_tables"
@@ -167,3 +171,13 @@ def test_the_schema_accepts_the_matrix_and_refuses_an_unknown_key(tmp_path: Path
     jsonschema.validate(data, schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**data, "registy": "x"}, schema)
+
+
+def test_every_key_of_the_matrix_has_a_meaning_in_its_table() -> None:
+    """Issue 49: the key table comes from the fields' docstrings, so a key added without one
+    shows an empty meaning; none may."""
+    rows = [line for line in docs_tables.matrix_keys().splitlines()[2:]]
+    empty = [row.split("|")[1].strip() for row in rows if not row.rsplit("|", 2)[-2].strip()]
+    assert empty == []
+    keys = {row.split("|")[1].strip().strip("`") for row in rows}
+    assert {"registry", "bases.<name>.bootstrap.keyring.sha256", "publish.require_rebuilds", "ci.rebuild_check"} <= keys
