@@ -47,7 +47,7 @@ Requirement = Annotated[str, field(grammar.REQUIREMENT)]
 class Strict(BaseModel):
     # Python's re: the grammars use lookaheads, which pydantic's default (Rust) engine lacks.
     # Each field's docstring is its description: the JSON schema editors read and the key table of
-    # docs/custom-images.md come from it (harness/docs_tables.py).
+    # docs/custom-images.md come from it (`python -m harness.docs_tables`).
     model_config = ConfigDict(
         extra="forbid", strict=True, frozen=True, regex_engine="python-re", use_attribute_docstrings=True
     )
