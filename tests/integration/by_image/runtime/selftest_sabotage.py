@@ -156,12 +156,22 @@ CASES: list[tuple[str, str, Callable[[selftest.Context], Any], list[Any]]] = [
         [mock.patch.object(selftest, "_installed", lambda prefix: "0.0.1")],
     ),
     (
-        "libraries: cuDNN loaded is not the one torch was built with",
+        "libraries: cuDNN loaded is of another major than torch was built with",
         "libraries",
         selftest.check_libraries,
         [
             mock.patch.object(
                 torch._C, "_cudnn", types.SimpleNamespace(getCompileVersion=lambda: (1, 2, 3)), create=True
+            )
+        ],
+    ),
+    (
+        "libraries: cuDNN loaded is older than torch was built with",
+        "libraries",
+        selftest.check_libraries,
+        [
+            mock.patch.object(
+                torch._C, "_cudnn", types.SimpleNamespace(getCompileVersion=lambda: (9, 99, 0)), create=True
             )
         ],
     ),
