@@ -184,8 +184,8 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
 # directories it writes into, and rewriting it after the build means reading the whole image
 # back (`docker save`); a settled RUN layer is kept as the engine wrote it.
 RUN python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
-      http://127.0.0.1:8741/files/3dc2562bd7218640/selftest.py /opt/torch-images/selftest.py \
- && echo "3dc2562bd7218640770ad26d9ab575d4c0704bdc4464aa90dcd2bd779dafc539  /opt/torch-images/selftest.py" | sha256sum --check --quiet \
+      http://127.0.0.1:8741/files/4b8f795b7410ce93/selftest.py /opt/torch-images/selftest.py \
+ && echo "4b8f795b7410ce936b132ad29b0811335cebcc5b55117ae12f198716569836fe  /opt/torch-images/selftest.py" | sha256sum --check --quiet \
  && python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
       http://127.0.0.1:8741/files/46c22d74beacda48/gpu_peaks.json /opt/torch-images/gpu_peaks.json \
  && echo "46c22d74beacda48e707b0ee40836307ab98a6b9d72ccff0644cbb5945e69a0b  /opt/torch-images/gpu_peaks.json" | sha256sum --check --quiet \

@@ -115,12 +115,15 @@ def test_the_emitted_github_workflow_runs_as_a_hosted_runner_from_install_to_pro
     try:
         runner.checkout(REPO)
         _with_rebuild_check(runner.workspace)
-        monkeypatch.chdir(runner.workspace)
-        grid = matrix.load_matrix(Path("matrix.yaml"))
-        workflow = yaml.safe_load(ci.workflow(grid, "github", registry=f"{running.host}/torch", names=[CELL]))
+        monkeypatch.chdir(runner.workspace)  # the workflow names the checkout's matrix.yaml
+        quorum = matrix.load_matrix(Path("matrix.yaml"))
+        workflow = yaml.safe_load(ci.workflow(quorum, "github", registry=f"{running.host}/torch", names=[CELL]))
     except BaseException:
         runner.remove()
         raise
+    finally:
+        monkeypatch.chdir(REPO)  # the runner's workspace goes with the runner
+    grid = matrix.load_matrix(REPO / "matrix.yaml")
     cell = grid.cell(CELL)
     assert list(workflow["jobs"]) == ["cell", "rebuild", "promote"]  # a CPU cell: no GPU stage
     assert workflow["jobs"]["promote"]["needs"] == ["cell", "rebuild"]
