@@ -112,8 +112,15 @@ def tests(session: nox.Session) -> None:
     for matrix in ("matrix.yaml", "tests/fixtures/multiarch.yaml"):  # generated files match their matrix
         session.run("python", "-m", "builder", "--matrix", matrix, "render", "--check")
         session.run("python", "-m", "builder", "--matrix", matrix, "lock", "--check")
-    # The slowest tests, in every log: where the suite's minutes go.
-    session.run("pytest", "tests", "--durations=25", *session.posargs, env={"PYTHONUNBUFFERED": "1"})
+    # The slowest tests, in every log: where the suite's minutes go. Test files or folders named
+    # after `--` are run alone, not added to the whole suite.
+    whole = [] if any(_names_tests(arg) for arg in session.posargs) else ["tests"]
+    session.run("pytest", *whole, "--durations=25", *session.posargs, env={"PYTHONUNBUFFERED": "1"})
+
+
+def _names_tests(argument: str) -> bool:
+    """Whether a pytest argument names tests to run (a path under tests/, with or without ::)."""
+    return argument.split("::")[0].startswith("tests/")
 
 
 def _excludes_integration(posargs: list[str]) -> bool:
