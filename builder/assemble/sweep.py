@@ -5,6 +5,7 @@ ID already passed, so an interrupted sweep goes on where it stopped."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -42,6 +43,10 @@ class SweepRow:
     detail: str
     engine: str
     date: str  # YYYY-MM-DD, UTC
+    # The sha256 of the cell's Dockerfile when it was swept: its whole build context, which names
+    # every lock, script and the self-test by sha256. The table compares it with the checkout's
+    # (offline: the build ID also needs the base's image ID). Empty in rows from before it was kept.
+    dockerfile: str = ""
 
     @property
     def passed(self) -> bool:
@@ -64,7 +69,8 @@ def read_record(path: Path) -> dict[str, SweepRow]:
         return {}
     data = jsonread.loads(confined.read_bytes(path, MAX_RECORD_BYTES), str(path))
     fields = set(SweepRow.__dataclass_fields__)
-    if not isinstance(data, dict) or not all(isinstance(v, dict) and set(v) == fields for v in data.values()):
+    shapes = (fields, fields - {"dockerfile"})  # rows from before the Dockerfile's sha256 was kept
+    if not isinstance(data, dict) or not all(isinstance(v, dict) and set(v) in shapes for v in data.values()):
         raise UserError(f"is not a sweep record (an object of cells, each with {', '.join(sorted(fields))}); "
                         "remove it and sweep again", path)  # fmt: skip
     try:
@@ -113,6 +119,7 @@ def sweep_cell(
         detail=(verdict.summary if verdict else result.detail)[:300],
         engine=engine_name,
         date=times.iso_utc(int(time.time()))[:10],
+        dockerfile=dockerfile_sha256(cell),
     )
     build.remove_image(engine, result.reference)
     return row
@@ -152,6 +159,11 @@ def _current_build_id(engine: docker.DockerClient, grid: Matrix, cell: Cell, hou
         return ""
 
 
+def dockerfile_sha256(cell: Cell) -> str:
+    path = cell.file("Dockerfile")
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
+
+
 def table(grid: Matrix, rows: dict[str, SweepRow]) -> str:
     """docs/matrix.md: every cell of the matrix, with its last sweep where it has one."""
     current = {cell.name: cell for cell in grid.cells}
@@ -160,8 +172,9 @@ def table(grid: Matrix, rows: dict[str, SweepRow]) -> str:
         "",
         "Written by `python -m builder sweep` (`./nox -s sweep`) from `images/sweep.json`; do not edit. Each",
         "row is the cell's last sweep on one machine: built without cache, self-tested in the image (no GPU",
-        "there: the GPU checks are skipped), then removed before the next cell. A build ID other than",
-        "the cell's current one means its inputs moved since: sweep again.",
+        "there: the GPU checks are skipped), then removed before the next cell. A row marked *stale* was",
+        "swept from another Dockerfile than this checkout's (its locks, scripts or self-test moved since):",
+        "sweep it again.",
         "",
         "| cell | platform | build ID | image ID | size | largest layer | build | self-test | engine | date |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -172,6 +185,8 @@ def table(grid: Matrix, rows: dict[str, SweepRow]) -> str:
             lines.append(f"| {name} | {current[name].platform} | not swept | | | | | | | |")
             continue
         verdict = f"{row.status}, {row.checks_passed}/{row.checks_total}" if row.checks_total else row.status
+        if name not in current or row.dockerfile != dockerfile_sha256(current[name]):
+            verdict = f"*stale*: {verdict}"
         lines.append(
             f"| {name} | {row.platform} | {row.build_id[:12]} | {row.image_id[7:19]} | {size.human(row.size_bytes)} "
             f"| {size.human(row.largest_layer_bytes)} | {row.build_seconds:.0f} s | {verdict} | {row.engine} "

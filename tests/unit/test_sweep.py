@@ -17,7 +17,7 @@ ROW = sweep.SweepRow(
     cell="2.15.0-cu13.2-bookworm-runtime", platform="linux/amd64", build_id="af245e4ecc8cdb1b776c2175008c64ab",
     image_id="sha256:" + "f5" * 32, size_bytes=5_440_000_000, largest_layer_bytes=1_410_000_000, build_seconds=178.2,
     checks_passed=12, checks_total=14, status="pass", detail="12/14 checks passed", engine="Docker 20.10.24 (overlay2)",
-    date="2026-12-06",
+    date="2026-12-06", dockerfile="",
 )  # fmt: skip
 
 
@@ -47,3 +47,18 @@ def test_the_table_lists_every_cell_swept_or_not_with_its_checks() -> None:
     flagship = next(line for line in rows if line.startswith(f"| {ROW.cell} |"))
     assert "af245e4ecc8c" in flagship and "pass, 12/14" in flagship and "178 s" in flagship
     assert sum("not swept" in line for line in rows) == len(grid.cells) - 1
+
+
+def test_a_row_swept_from_another_dockerfile_than_the_checkouts_is_marked_stale(tmp_path: Path) -> None:
+    """The self-test's change moved every cell's Dockerfile after the first sweep's rows: a row
+    says so, not only a build ID nobody can compare offline."""
+    grid = matrix.load_matrix(paths.PACKAGE.parent / "matrix.yaml")
+    current = sweep.dockerfile_sha256(grid.cell(ROW.cell))
+    for dockerfile, stale in ((current, False), ("0" * 64, True), ("", True)):
+        text = sweep.table(grid, {ROW.cell: dataclasses.replace(ROW, dockerfile=dockerfile)})
+        flagship = next(line for line in text.splitlines() if line.startswith(f"| {ROW.cell} |"))
+        assert ("*stale*: pass, 12/14" in flagship) == stale
+    older = {k: v for k, v in dataclasses.asdict(ROW).items() if k != "dockerfile"}  # kept before this field
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({ROW.cell: older}))
+    assert sweep.read_record(path)[ROW.cell].dockerfile == ""
