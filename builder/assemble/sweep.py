@@ -5,7 +5,6 @@ ID already passed, so an interrupted sweep goes on where it stopped."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import docker
 
-from builder import confined, jsonread, times
+from builder import confined, digests, jsonread, times
 from builder.assemble import build, size, smoke
 from builder.engine import daemon
 from builder.errors import UserError
@@ -161,7 +160,7 @@ def _current_build_id(engine: docker.DockerClient, grid: Matrix, cell: Cell, hou
 
 def dockerfile_sha256(cell: Cell) -> str:
     path = cell.file("Dockerfile")
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
+    return digests.sha256_file(path) if path.is_file() else ""
 
 
 def table(grid: Matrix, rows: dict[str, SweepRow]) -> str:

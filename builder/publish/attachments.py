@@ -33,8 +33,6 @@ from builder.errors import UserError
 from builder.oci.registry import DIGEST, Manifest, Registry
 from builder.publish import cosign_tag, provenance, reports, tags
 
-SIGNED_TYPES = provenance.SIGNED_TYPES
-
 
 @dataclass(frozen=True)
 class Attachment:
@@ -78,10 +76,6 @@ class Door:
     def __init__(self, registry: Registry, repository: str) -> None:
         self.registry = registry
         self.repository = repository
-
-    @property
-    def host(self) -> str:
-        return self.registry.host
 
     # Listings: hints, for counting and for choosing what to prove.
 
@@ -145,11 +139,11 @@ class Door:
         """The attestations proven attached to `subject`, each with its statement: with a key,
         only those it verifies about exactly this digest and image ID; without, each one that
         decodes (for what it says, never for trust). More than `most` listed is refused."""
-        entries = self.listed(subject, SIGNED_TYPES)
+        entries = self.listed(subject, provenance.SIGNED_TYPES)
         self.at_most(entries, most, subject, "attestations", "remove the ones that are not the team's "
                      "(publish --prune-reports)")  # fmt: skip
         found = []
-        for attachment in self.proven(subject, entries, SIGNED_TYPES):
+        for attachment in self.proven(subject, entries, provenance.SIGNED_TYPES):
             try:
                 document = self.document(attachment, provenance.MAX_ENVELOPE_BYTES)
                 envelope = provenance.envelope_of(document, attachment.artifact_type)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from builder import jsonread
+from builder import digests, jsonread
 from builder.config import grammar
 from builder.errors import UserError
 from builder.oci.registry import DIGEST, OCI_MANIFEST, Manifest
@@ -31,7 +31,7 @@ def tag(digest: str) -> str:
 def append(registry: Any, repository: str, digest: str, envelope: dict[str, Any], predicate_type: str) -> str:
     """Add one envelope to the digest's `.att` manifest (made when there is none); returns the
     manifest's digest. What the tag held before is kept only where it reads as cosign's form."""
-    body = json.dumps(envelope, sort_keys=True, separators=(",", ":")).encode()
+    body = digests.canonical_json(envelope)  # prune finds the layer again by this digest
     layer = {
         "mediaType": LAYER_TYPE,
         "size": len(body),

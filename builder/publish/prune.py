@@ -30,6 +30,7 @@ from typing import Any
 
 from securesystemslib.signer import SSlibKey
 
+from builder import digests
 from builder.assemble import smoke
 from builder.errors import UserError
 from builder.oci.registry import Registry
@@ -121,8 +122,7 @@ def _reports(door: attachments.Door, proven: list[attachments.Attachment]) -> li
 def _statement(signed: attachments.Signed) -> _Statement:
     """A proven statement as prune reads it, with the digest of its envelope as cosign 2's
     `.att` manifest stores it (the layer that goes with it)."""
-    layer = json.dumps(signed.envelope, sort_keys=True, separators=(",", ":")).encode()
-    envelope_digest = "sha256:" + hashlib.sha256(layer).hexdigest()
+    envelope_digest = "sha256:" + hashlib.sha256(digests.canonical_json(signed.envelope)).hexdigest()
     return _Statement(signed.attachment.digest, envelope_digest, signed.predicate_type, signed.predicate,
                       signed.verified)  # fmt: skip
 
