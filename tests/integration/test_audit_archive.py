@@ -56,11 +56,17 @@ def test_update_security_moves_only_the_packages_audit_names_in_only_their_cell(
 ) -> None:
     """A copy of the project whose one cell pins the release's OpenSSL, older than the security
     archive's: `update --security` moves exactly those packages back to the fix and renders that
-    cell; no other cell's files change, so no other build ID does."""
+    cell; no other cell's files change, so no other build ID does.
+
+    The archive moves on between commits (a fix for trixie's OpenSSL landed after the locks were
+    written, and this test then saw eight cells move for a reason of the archive's own), so the
+    copy is first brought up to today's archive, and that state is what the one cell must return to."""
     project = tmp_path / "project"
     project.mkdir()
     shutil.copy(REPO / "matrix.yaml", project / "matrix.yaml")
     shutil.copytree(REPO / "images", project / "images")
+    assert cli.main(["--matrix", str(project / "matrix.yaml"), "update", "--security"]) == 0
+    capsys.readouterr()
     before = {p: p.read_bytes() for p in (project / "images").rglob("*") if p.is_file()}
     grid = load_matrix(project / "matrix.yaml")
     cell = grid.cell(CELL)
@@ -88,14 +94,9 @@ def test_update_security_moves_only_the_packages_audit_names_in_only_their_cell(
     assert f"{CELL}: " in capsys.readouterr().err
     after = {p: p.read_bytes() for p in (project / "images").rglob("*") if p.is_file()}
     others = [p for p in after if cell.directory not in p.parents]
-    assert all(after[p] == before[p] for p in others)  # no other cell's lock or Dockerfile: no other build ID
-    fixed = DebianLock.read(lock_path)
-    moved_back = {pin for pin in (*fixed.base, *fixed.common, *fixed.flavor)} - set(moved.values())
-    original = {pin for pin in (*locked.base, *locked.common, *locked.flavor)}
-    changed = {pin.split("=", 1)[0] for pin in moved_back ^ original}
-    assert changed <= {"libssl3", "openssl"}  # the fix, where the archive moved on since the lock; else nothing
-    if not changed:
-        assert after[lock_path] == before[lock_path]  # the lock came back byte for byte
+    assert [p for p in others if after[p] != before[p]] == []  # no other cell's lock or Dockerfile: no other build ID
+    assert after[lock_path] == before[lock_path]  # the lock came back to today's archive, byte for byte
+    assert after[cell.directory / "Dockerfile"] == before[cell.directory / "Dockerfile"]
 
 
 def test_update_security_moves_a_python_package_an_advisory_names_to_its_fix_and_nothing_else(
