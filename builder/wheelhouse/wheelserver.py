@@ -1,8 +1,10 @@
 """The wheelhouse server: the cache on loopback, for builds that reach it with host networking.
 
 It answers only for the files builds asked for (`Wheelhouse.allow`): no directory listings, no
-symbolic links, nothing else under the cache. A server another process started on the same
-address and root is reused.
+symbolic links, nothing else under the cache. Within one process a nested build reuses the
+server already running on its address. A build in another process (a second CI job on the same
+machine, `nox -s build` while the tests run) holds the address until its engine steps end: this
+one waits for it, instead of failing, or of sharing a server that goes away when that build ends.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import posixpath
 import shutil
 import stat
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -71,12 +74,46 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 shutil.copyfileobj(source, self.wfile, 1 << 20)
 
 
-def _serving_same_root(host: str, port: int, root: Path) -> bool:
+# The address's servers in this process, with the root each serves.
+_RUNNING: dict[str, Path] = {}
+WAIT_S = 3600.0  # how long a build waits for another process's build to free the address
+POLL_S = 1.0
+
+
+def _wheelhouse_root_at(host: str, port: int) -> str | None:
+    """The root a builder's wheelhouse server on the address names (its marker file), or None
+    when what answers there is not one."""
     try:
         with urllib.request.urlopen(f"http://{host}:{port}/{MARKER}", timeout=2) as response:
-            return bool(response.read().decode() == str(root.resolve()))
-    except OSError:
-        return False
+            text: str = response.read(4096).decode(errors="replace")
+    except (OSError, ValueError):
+        return None
+    return text if text.startswith("/") else None
+
+
+def _bind(house: Wheelhouse, listen: str) -> http.server.ThreadingHTTPServer:
+    """A server bound to the address; waits (saying so once) while another process's build serves
+    its wheelhouse there; refuses an address something else holds."""
+    host, port = listen.rsplit(":", 1)
+    handler = type("WheelhouseHandler", (_Handler,), {"house": house})
+    deadline, said = time.monotonic() + WAIT_S, False
+    while True:
+        try:
+            return http.server.ThreadingHTTPServer((host, int(port)), handler)
+        except OSError as error:
+            other = _wheelhouse_root_at(host, int(port))
+            if other is None:
+                why = f"cannot serve the wheelhouse on {listen}: {error.strerror}"
+                raise UserError(f"{why}; free the port or change wheelhouse.listen") from None
+            if time.monotonic() > deadline:
+                raise UserError(
+                    f"{listen} still serves another build's wheelhouse ({other}) after {WAIT_S:.0f} s; "
+                    "let that build finish, or stop it"
+                ) from None
+            if not said:
+                house.report(f"waiting for {listen}: another build on this machine serves its wheelhouse there")
+                said = True
+            time.sleep(POLL_S)
 
 
 @contextmanager
@@ -84,24 +121,23 @@ def serve(house: Wheelhouse, listen: str) -> Iterator[str]:
     """Serve the wheelhouse on a loopback address for the duration of a build.
 
     The address is fixed by matrix.yaml because it is part of the rendered RUN line (and so of
-    the layer cache key). A second build reuses a server already serving the same cache.
+    the layer cache key). A nested build in this process reuses the server running for the same
+    root; a build in another process is waited for (see the module's docstring).
     """
-    host, port = listen.rsplit(":", 1)
-    handler = type("WheelhouseHandler", (_Handler,), {"house": house})
-    try:
-        server = http.server.ThreadingHTTPServer((host, int(port)), handler)
-    except OSError as error:
-        if _serving_same_root(host, int(port), house.root):
-            yield f"http://{listen}/"
-            return
-        raise UserError(
-            f"cannot serve the wheelhouse on {listen}: {error.strerror}; free the port or change wheelhouse.listen"
-        ) from None
+    running = _RUNNING.get(listen)
+    if running is not None:
+        if running != house.root.resolve():
+            raise UserError(f"{listen} already serves the wheelhouse {running} in this run; one root per address")
+        yield f"http://{listen}/"
+        return
+    server = _bind(house, listen)
+    _RUNNING[listen] = house.root.resolve()
     # A short poll interval: shutdown() waits up to one interval, on every build.
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     try:
         yield f"http://{listen}/"
     finally:
+        del _RUNNING[listen]
         server.shutdown()
         server.server_close()

@@ -23,6 +23,7 @@ import contextlib
 import json
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -164,6 +165,7 @@ def test_the_emitted_github_workflow_runs_as_a_hosted_runner_from_install_to_pro
     finally:
         with capsys.disabled():
             print("\n".join(log)[-8000:])
+            print("\n".join(line for line in log if line.startswith("[step took")))
         runner.remove()
         for image in client.images.list(name=f"{running.host}/torch"):  # the tags the job's push made
             for tag in (t for t in image.tags if t.startswith(f"{running.host}/")):
@@ -209,7 +211,9 @@ def _run_job(
             continue
         script = hosted_runner.substitute(step["run"], context)
         step_env = {name: hosted_runner.substitute(str(value), context) for name, value in step.get("env", {}).items()}
+        started = time.monotonic()
         result = runner.run(script, step_env, log.append)
+        log.append(f"[step took {time.monotonic() - started:.0f} s] {step.get('name')}")
         assert result.returncode == 0, (
             f"step {step.get('name')!r} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
         )

@@ -7,6 +7,8 @@ import functools
 import hashlib
 import http.server
 import os
+import subprocess
+import sys
 import threading
 import urllib.request
 import zipfile
@@ -160,6 +162,51 @@ def test_a_port_held_by_something_else_is_a_clear_error(tmp_path: Path, file_ser
     with (
         pytest.raises(UserError, match=f"cannot serve the wheelhouse on 127.0.0.1:{port}"),
         wheelserver.serve(wheelhouse.Wheelhouse(tmp_path / "house"), f"127.0.0.1:{port}"),
+    ):
+        pass
+
+
+HOLD_ADDRESS = """
+import sys, time
+from pathlib import Path
+from builder.wheelhouse import wheelhouse, wheelserver
+with wheelserver.serve(wheelhouse.Wheelhouse(Path(sys.argv[1])), sys.argv[2]):
+    print("serving", flush=True)
+    sys.stdin.readline()  # until the test says go
+    time.sleep(1.5)
+"""
+
+
+def test_a_build_in_another_process_holding_the_address_is_waited_for_not_shared(tmp_path: Path) -> None:
+    """Two builds on one machine (two CI jobs, or a build while the tests run): the second waits
+    for the first's server to go, and says so, instead of failing or of reusing a server that
+    stops when the other build ends."""
+    listen = "127.0.0.1:18745"
+    other = subprocess.Popen(
+        [sys.executable, "-c", HOLD_ADDRESS, str(tmp_path / "other"), listen],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert other.stdout is not None and other.stdout.readline() == "serving\n"
+        said: list[str] = []
+        house = wheelhouse.Wheelhouse(tmp_path / "mine", report=said.append)
+        assert other.stdin is not None
+        other.stdin.write("go\n")
+        other.stdin.flush()
+        with wheelserver.serve(house, listen) as url:  # the other's server is gone first
+            marker = urllib.request.urlopen(url + wheelhouse.MARKER, timeout=5).read().decode()
+            assert marker == str((tmp_path / "mine").resolve())  # this build's own server
+        assert said == [f"waiting for {listen}: another build on this machine serves its wheelhouse there"]
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_one_process_serves_one_root_on_an_address(tmp_path: Path) -> None:
+    with (
+        wheelserver.serve(wheelhouse.Wheelhouse(tmp_path / "a"), "127.0.0.1:18746"),
+        pytest.raises(UserError, match=r"already serves the wheelhouse .* in this run"),
+        wheelserver.serve(wheelhouse.Wheelhouse(tmp_path / "b"), "127.0.0.1:18746"),
     ):
         pass
 
