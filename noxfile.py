@@ -1,10 +1,17 @@
 """Sessions: build (the main job), tests, lint, smoke, publish, audit, update, bench, repro, engine.
 
-Each session installs the builder into its own virtual environment and calls
-`python -m builder ...`; the logic lives in builder/, not here.
+The sessions that run the builder share one virtual environment (.nox/builder), installed from
+requirements/builder.lock once and again only when the lock changes, and call
+`python -m builder ...`; the logic lives in builder/, not here. tests and lint install the
+lock with the test and lint extras into environments of their own, as nox does.
 """
 
 from __future__ import annotations
+
+import fcntl
+import hashlib
+import sys
+from pathlib import Path
 
 import nox
 
@@ -18,9 +25,36 @@ BUILDER_LOCK = "requirements/builder.lock"
 DEV_LOCK = "requirements/dev.lock"  # the same, with the test and lint extras
 
 
-def _install(session: nox.Session, *extras: str) -> None:
-    session.install("--require-hashes", "-r", DEV_LOCK if extras else BUILDER_LOCK)
+def _install_with_extras(session: nox.Session) -> None:
+    """The builder with its test and lint extras, into the session's own environment."""
+    session.install("--require-hashes", "-r", DEV_LOCK)
     session.install("--no-deps", "-e", ".")
+
+
+BUILDER_ENV = Path(".nox") / "builder"  # the one environment the builder's sessions share
+
+
+def _builder(session: nox.Session) -> str:
+    """The shared environment's python, with the builder installed from its lock: made once, and
+    again when the lock changes. Each session in an environment of its own installed the same 65
+    packages again (about 25 s each, and a CI job runs three sessions)."""
+    python = BUILDER_ENV / "bin" / "python"
+    stamp = BUILDER_ENV / "builder.lock.sha256"
+    wanted = hashlib.sha256(Path(BUILDER_LOCK).read_bytes()).hexdigest()
+    BUILDER_ENV.parent.mkdir(exist_ok=True)
+    with (BUILDER_ENV.parent / "builder.install-lock").open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # two sessions at once: one installs, the other waits
+        if not (python.exists() and stamp.exists() and stamp.read_text() == wanted):
+            session.run(sys.executable, "-m", "venv", "--clear", str(BUILDER_ENV), external=True)
+            pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+            session.run(*pip, "--require-hashes", "-r", BUILDER_LOCK, external=True)
+            session.run(*pip, "--no-deps", "-e", ".", external=True)
+            stamp.write_text(wanted)
+    return str(python)
+
+
+def _run_builder(session: nox.Session, *arguments: str) -> None:
+    session.run(_builder(session), "-m", "builder", *arguments, external=True)
 
 
 @nox.session
@@ -35,67 +69,59 @@ def lock_builder(session: nox.Session) -> None:
 
 def _ensure_engine(session: nox.Session) -> None:
     """Start an engine when none answers; as root this may install Debian's docker.io."""
-    session.run("python", "-m", "builder", "engine", "--install")
+    _run_builder(session, "engine", "--install")
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def engine(session: nox.Session) -> None:
     """Install (as root, with apt) and start a Docker engine if none answers."""
-    _install(session)
     _ensure_engine(session)
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def build(session: nox.Session) -> None:
     """Build the flagship image, or the cells named after `--` (or `-- --all`), then self-test each."""
-    _install(session)
     _ensure_engine(session)
-    session.run("python", "-m", "builder", "build", *session.posargs)
+    _run_builder(session, "build", *session.posargs)
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def sweep(session: nox.Session) -> None:
     """Build and self-test every buildable cell in turn (hours), recorded in images/sweep.json and docs/matrix.md."""
-    _install(session)
     _ensure_engine(session)
-    session.run("python", "-m", "builder", "sweep", *session.posargs)
+    _run_builder(session, "sweep", *session.posargs)
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def smoke(session: nox.Session) -> None:
     """Run the in-image self-test on built cells or images (`-- CELL|IMAGE ...`)."""
-    _install(session)
-    session.run("python", "-m", "builder", "smoke", *session.posargs)
+    _run_builder(session, "smoke", *session.posargs)
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def publish(session: nox.Session) -> None:
     """Push cells whose self-test passed for that exact image ID (`-- CELL ...`)."""
-    _install(session)
-    session.run("python", "-m", "builder", "publish", *session.posargs)
+    _run_builder(session, "publish", *session.posargs)
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def verify(session: nox.Session) -> None:
     """Check a published image (`-- REF`); `-- --rebuild REF` also builds it again here and compares."""
-    _install(session)
     if "--rebuild" in session.posargs:
         _ensure_engine(session)
-    session.run("python", "-m", "builder", "verify", *session.posargs)
+    _run_builder(session, "verify", *session.posargs)
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def audit(session: nox.Session) -> None:
     """Locked packages a security fix has since replaced (`-- --osv DIR`, `--json`, `--fail-on`)."""
-    _install(session)
-    session.run("python", "-m", "builder", "audit", *session.posargs)
+    _run_builder(session, "audit", *session.posargs)
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def update(session: nox.Session) -> None:
     """Regenerate what the matrix generates (`-- --security`: only the packages with fixes)."""
-    _install(session)
-    session.run("python", "-m", "builder", "update", *session.posargs)
+    _run_builder(session, "update", *session.posargs)
 
 
 @nox.session
@@ -106,7 +132,7 @@ def tests(session: nox.Session) -> None:
     (docker.io, mmdebstrap, docker-registry, apache2-utils, openssl, gnupg, sudo) and starts dockerd.
     `-- --cell CELL` runs the integration tests on another cell (a CUDA one, say).
     """
-    _install(session, "test")
+    _install_with_extras(session)
     if not _excludes_integration(session.posargs):  # `-m "not integration"` touches no engine
         session.run("python", "-m", "builder", "engine", "--install", "--test-tools")
     for matrix in ("matrix.yaml", "tests/fixtures/multiarch.yaml"):  # generated files match their matrix
@@ -133,24 +159,23 @@ def _excludes_integration(posargs: list[str]) -> bool:
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff and mypy."""
-    _install(session, "lint")
+    _install_with_extras(session)
     session.run("ruff", "check", "builder", "image", "benchmarks", "harness", "tests", "noxfile.py")
     session.run("ruff", "format", "--check", "builder", "image", "benchmarks", "harness", "tests", "noxfile.py")
     session.run("mypy", "builder", "benchmarks", "harness")
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
     """Benchmarks, ratios side by side in one run (targets in README)."""
-    _install(session)
     _ensure_engine(session)
     # The checkout on the path: the bench uses harness/ (the loopback registry, ctr, Docker 29), never tests/.
-    session.run("python", "benchmarks/bench.py", *session.posargs, env={"PYTHONUNBUFFERED": "1", "PYTHONPATH": "."})
+    session.run(_builder(session), "benchmarks/bench.py", *session.posargs,
+                env={"PYTHONUNBUFFERED": "1", "PYTHONPATH": "."}, external=True)  # fmt: skip
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def repro(session: nox.Session) -> None:
     """Build a cell twice without cache and compare image IDs and layers (`-- CELL`)."""
-    _install(session)
     _ensure_engine(session)
-    session.run("python", "-m", "builder", "verify-repro", *session.posargs)
+    _run_builder(session, "verify-repro", *session.posargs)
