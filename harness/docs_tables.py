@@ -1,7 +1,8 @@
 """Docs that come from the code (issue 49), as cibuildwheel writes its options table: the layout
 table in docs/development.md (each folder's docstring and each module's first sentence), the
 key table of matrix.yaml in docs/custom-images.md and its JSON schema (docs/matrix.schema.json),
-both from the typed fields that read it and their docstrings (builder/config/schema.py).
+both from the typed fields that read it and their docstrings (builder/config/schema.py); and the
+README's figures, each from the record or page its measurement was written to (FIGURES).
 
 `python -m harness.docs_tables` writes them; tests/unit/test_docs.py fails when what is
 committed is not what the code gives."""
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 import sys
 import types
@@ -28,6 +30,11 @@ KEYS_END = "<!-- matrix keys end -->"
 FOLDERS = ("config", "facts", "plan", "engine", "lock", "wheelhouse", "render", "repro", "assemble", "publish",
            "oci", "commands")  # fmt: skip
 MAX_SENTENCE = 110
+README = REPO / "README.md"
+SWEEP_RECORD = REPO / "images" / "sweep.json"
+FLAGSHIP = "2.15.0-cu13.2-bookworm-runtime"
+# A figure in the README: <!--f:NAME-->VALUE<!--/f-->, VALUE written from FIGURES[NAME].
+FIGURE_SPAN = re.compile(r"<!--f:([a-z0-9_]+)-->(.*?)<!--/f-->", re.S)
 
 
 def first_sentence(path: Path) -> str:
@@ -136,11 +143,71 @@ def with_keys(text: str) -> str:
     return _between(text, KEYS_START, KEYS_END, matrix_keys(), CUSTOM_IMAGES)
 
 
+def _found(page: str, pattern: str) -> str:
+    """The first value the pattern's group finds on a page of docs/ (where a measurement is written)."""
+    text = (REPO / "docs" / page).read_text()
+    match = re.search(pattern, text)
+    if match is None:
+        raise SystemExit(f"docs/{page}: no measurement matches {pattern!r}; the README's figure has no source")
+    return match.group(1)
+
+
+def _flagship_row() -> dict[str, Any]:
+    """The flagship's row of the sweep's record (images/sweep.json, written by `sweep`)."""
+    row: dict[str, Any] = json.loads(SWEEP_RECORD.read_text())[FLAGSHIP]
+    return row
+
+
+def _percent_less(ratio: str) -> str:
+    return f"{round((1 - float(ratio)) * 100)}%"
+
+
+FLAGSHIP_ROW = r"2\.15\.0-cu13\.2-bookworm-runtime"
+LAZY_ROW = rf"first start on an empty node, {FLAGSHIP_ROW}: lazy [^|]*\|"
+# Each README figure, and where it comes from: the sweep's record, or the page its measurement is on.
+FIGURES: dict[str, Any] = {
+    "wheel_download": lambda: _found("testing.md", r"\((\d+ GB) from PyPI"),
+    "flagship_size": lambda: f"{_flagship_row()['size_bytes'] / 1e9:.1f} GB",
+    "flagship_build": lambda: f"{math.ceil(_flagship_row()['build_seconds'] / 60)} minutes",
+    "tests_time": lambda: _found("testing.md", r"`\./nox -s tests` in (\d+ min)"),
+    "flagship_compressed": lambda: _found("size.md", r"flagship `[^`]+` \((\d+\.\d+ GB) compressed\)"),
+    "jinja2_fix_pulled": lambda: _found("size.md", r"jinja2 [^|]*\| (\d+(?:\.\d+)? MB) pulled"),
+    "openssl_fix_pulled": lambda: _found("size.md", r"openssl [^|]*\| (\d+(?:\.\d+)? MB) pulled"),
+    "zstd_smaller": lambda: _percent_less(
+        _found("benchmarks.md", rf"compressed size, {FLAGSHIP_ROW}: zstd level \d+ \|[^|]*\|[^|]*\| (\d\.\d+) \|")
+    ),
+    "zstd_pull_faster": lambda: _percent_less(
+        _found("benchmarks.md", rf"pull through containerd [^|]*zstd, {FLAGSHIP_ROW} \|[^|]*\|[^|]*\| (\d\.\d+) \|")
+    ),
+    "lazy_start": lambda: _found(
+        "benchmarks.md", rf"first start on an empty node, {FLAGSHIP_ROW}: lazy [^|]*\| (\d+ s) "
+    ),
+    "gzip_start": lambda: _found(
+        "benchmarks.md", rf"first start on an empty node, {FLAGSHIP_ROW}: lazy [^|]*\|[^|]*\| gzip (\d+ s) "
+    ),
+}
+
+
+def with_figures(text: str) -> str:
+    """The README with each figure span holding its value from its source."""
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in FIGURES:
+            raise SystemExit(f"README.md: no figure named {name!r}; the names are {', '.join(FIGURES)}")
+        return f"<!--f:{name}-->{FIGURES[name]()}<!--/f-->"
+
+    return FIGURE_SPAN.sub(value, text)
+
+
 def main() -> None:
     DEVELOPMENT.write_text(with_layout(DEVELOPMENT.read_text()))
     CUSTOM_IMAGES.write_text(with_keys(CUSTOM_IMAGES.read_text()))
     SCHEMA.write_text(matrix_schema())
-    print(f"wrote the layout table in {DEVELOPMENT}, the key table in {CUSTOM_IMAGES} and {SCHEMA}")
+    README.write_text(with_figures(README.read_text()))
+    print(
+        f"wrote the layout table in {DEVELOPMENT}, the key table in {CUSTOM_IMAGES}, {SCHEMA}, and {README}'s figures"
+    )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from pathlib import Path
 import docker
 
 from builder.assemble.context import context_tar
+from builder.engine import emulation
 from builder.errors import UserError
 from builder.plan.cell import Cell
 from builder.progress import Report
@@ -43,6 +44,7 @@ def classic_build(
     engine's error, or "" on success. The image each finished step made is appended to `steps`:
     after a failure the last one holds the steps that succeeded, for the caller to remove."""
     cell = request.cell
+    emulation.ensure(cell.base.arch, report)  # another architecture's RUN steps run under qemu
     stream = engine.api.build(
         fileobj=context_tar(cell, request.epoch),
         custom_context=True,
@@ -128,6 +130,7 @@ def buildkit_command(engine: docker.DockerClient) -> tuple[list[str], dict[str, 
 
 def buildkit_build(engine: docker.DockerClient, request: BuildRequest, report: Report) -> str:
     """Run the build with BuildKit through the docker CLI; returns the error, or "" on success."""
+    emulation.ensure(request.cell.base.arch, report)  # another architecture's RUN steps run under qemu
     found = buildkit_command(engine)
     if isinstance(found, str):
         raise UserError(found)

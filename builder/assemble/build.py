@@ -25,7 +25,7 @@ from builder.assemble.backends import BuildRequest
 from builder.assemble.context import build_id
 from builder.config import grammar, layout
 from builder.config import platform as platforms
-from builder.engine import bases, emulation, ids
+from builder.engine import bases, ids
 from builder.errors import UserError
 from builder.lock import inputs
 from builder.lock.inputs import CellLocks
@@ -120,11 +120,11 @@ def _existing_build(
 def offer_inputs(house: wheelhouse.Wheelhouse, grid: Matrix, locks: CellLocks) -> None:
     """Fetch and verify everything the cell's RUN steps read, and let the wheelhouse server offer
     it: the wheels and their pages, the helper scripts, the apt repositories of its .debs."""
+    assert locks.debian is not None  # preflight refuses a cell without its debian.lock
+    for packages in (locks.debian.common, locks.flavor_step_pins):
+        aptrepo.publish(house, locks.cell.base, locks.debian.files_of(packages))
     house.prepare(locks.cell, grid, locks.python_locks)
     house.publish_files([*served.SUPPORT_FILES, locks.cell.file("spec.json")])
-    assert locks.debian is not None  # preflight refuses a cell without its debian.lock
-    for packages in (locks.debian.common, render.flavor_step_pins(locks)):
-        aptrepo.publish(house, locks.cell.base, locks.debian.files_of(packages))
 
 
 def cell_base(
@@ -218,7 +218,6 @@ def build_cell(
         )
         result.seconds = time.monotonic() - started
         return _within_budget(engine, grid, cell, result)
-    emulation.ensure(cell.base.arch, report)  # another architecture's RUN steps run under qemu
     report(f"{cell.name}: fetching and verifying wheels")
     house.report = report
     mark = time.monotonic()

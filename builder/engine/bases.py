@@ -133,6 +133,7 @@ def _run_locked_bootstrap(base: BaseImage, packages: LockedPackages, epoch: int,
     # The image keeps the distro's own sources (apt in the image and in images built FROM it
     # reaches the mirror), not the local repository's; and no keyring copied from the host
     # (mmdebstrap copies the host's), only those the locked packages install.
+    hooks = hook_options(base)  # refuses a missing hook folder before anything runs
     mirror_lines = " ".join(f"'{line}'" for line in base.sources_lines())
     own_sources = f'printf "%s\\n" {mirror_lines} > "$1/etc/apt/sources.list"'
     own_keys = (
@@ -146,7 +147,7 @@ def _run_locked_bootstrap(base: BaseImage, packages: LockedPackages, epoch: int,
     forget_dpkgopt = 'rm -f "$1/etc/dpkg/dpkg.cfg.d/99mmdebstrap"'
     command = [
         "mmdebstrap", f"--variant={base.variant}", f"--mode={mode_for_bootstrap()}",
-        "--format=tar", f"--include={','.join(packages.names)}", *extra, *hook_options(base), *dpkg,
+        "--format=tar", f"--include={','.join(packages.names)}", *extra, *hooks, *dpkg,
         f"--customize-hook={own_sources}", f"--customize-hook={own_keys}", f"--customize-hook={forget_dpkgopt}",
         "--quiet",
         base.suite, str(rootfs), packages.sources_line,

@@ -23,7 +23,7 @@ from pathlib import Path
 from packaging.tags import Tag
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from builder import downloads
+from builder import digests, downloads
 
 SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
 MANYLINUX = re.compile(r"manylinux_(\d+)_(\d+)_")
@@ -53,6 +53,12 @@ class WheelFile:
     @property
     def version(self) -> str:
         return self._parsed[0]
+
+    @property
+    def digest(self) -> str:
+        """The wheel's sha256: the index's, or for a find-links directory's file, its bytes' (read
+        once a run)."""
+        return self.sha256 or _local_file_digest(self.url)
 
     @property
     def cpython(self) -> str | None:
@@ -122,6 +128,13 @@ def sdist_metadata(url: str, limit: int = 1 << 20) -> Message | None:
         )
         handle = archive.extractfile(member) if member else None
         return email.parser.Parser().parsestr(handle.read().decode()) if handle else None
+
+
+@functools.cache
+def _local_file_digest(url: str) -> str:
+    local = downloads.local_path(url)
+    assert local is not None, url  # only a find-links directory's wheels come without a hash
+    return digests.sha256_file(local)
 
 
 def find_links_files(project: str, directory: Path) -> list[WheelFile]:

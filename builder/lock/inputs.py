@@ -49,6 +49,16 @@ class CellLocks:
         return [lock for lock in (self.stack, *layers, self.flavor) if lock is not None]
 
     @cached_property
+    def flavor_step_pins(self) -> tuple[str, ...]:
+        """The .debs the flavor's apt step may install: the flavor's own, and the shared layer's too
+        where the flavor keeps files that layer left out (it reinstalls their packages, at the same
+        locked versions). Empty without a debian.lock (which preflight refuses)."""
+        if self.debian is None:
+            return ()
+        restores = bool(layout.load().restored_by(self.cell.flavor))
+        return (*self.debian.flavor, *self.debian.common) if restores else self.debian.flavor
+
+    @cached_property
     def stack_layers(self) -> list[tuple[str, Lockfile]]:
         """The torch stack's layers in install order (data/layout.yaml), each with its part of the lock."""
         if self.stack is None:

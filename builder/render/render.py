@@ -106,16 +106,6 @@ def version_labels(cell: Cell, facts: dict[str, str | None]) -> dict[str, str]:
     return {key: str(value) for key, value in labels.items()}
 
 
-def flavor_step_pins(locks: CellLocks) -> tuple[str, ...]:
-    """The .debs the flavor's apt step may install: the flavor's own, and the shared layer's too
-    where the flavor keeps files that layer left out (it reinstalls their packages, at the same
-    locked versions)."""
-    debian = locks.debian
-    assert debian is not None  # context and preflight refuse a cell without its debian.lock
-    restores = bool(layout.load().restored_by(locks.cell.flavor))
-    return (*debian.flavor, *debian.common) if restores else debian.flavor
-
-
 def context(locks: CellLocks, grid: Matrix, settle: bool = True) -> dict[str, Any]:
     cell, stack, debian = locks.cell, locks.stack, locks.debian
     if stack is None:
@@ -140,7 +130,7 @@ def context(locks: CellLocks, grid: Matrix, settle: bool = True) -> dict[str, An
         "debian_common": debian.common,
         "debian_flavor": debian.flavor,
         "debian_common_repository": served.apt_repository(debian.files_of(debian.common)),
-        "debian_flavor_repository": served.apt_repository(debian.files_of(flavor_step_pins(locks))),
+        "debian_flavor_repository": served.apt_repository(debian.files_of(locks.flavor_step_pins)),
         "flavor_system_packages": table.flavors[cell.flavor].system,
         "restore_globs": layout.load().restored_by(cell.flavor),
         "flavor_dpkg_paths": layout.load().dpkg_for(cell.flavor),

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import digests, paths
+from builder import paths
 from builder.lock.aptindex import ArchiveFile
 from builder.lock.requirements import Lockfile
 from builder.plan.cell import Cell
@@ -61,16 +61,22 @@ def lock_page(lock: Lockfile, cell: Cell) -> str:
     return f"locks/{hashlib.sha256(chooser.encode()).hexdigest()[:16]}/"
 
 
+def served_bytes(name: str, content: bytes) -> ServedFile:
+    """A build input the Dockerfile names by its content (a helper script, a cell's spec.json):
+    under a folder named by the content's sha256. Helpers are small: hashed from the bytes that
+    are served, read once."""
+    sha256 = hashlib.sha256(content).hexdigest()
+    return ServedFile(name, f"files/{sha256[:16]}/{name}", sha256)
+
+
 def support_file(path: Path) -> ServedFile:
     """A helper script as the Dockerfile names it: under a folder named by its content."""
-    sha256 = digests.sha256_file(path)
-    return ServedFile(path.name, f"files/{sha256[:16]}/{path.name}", sha256)
+    return served_bytes(path.name, path.read_bytes())
 
 
 def served_text(name: str, text: str) -> ServedFile:
     """A file render writes (a cell's spec.json) as the Dockerfile names it, from its text."""
-    sha256 = hashlib.sha256(text.encode()).hexdigest()
-    return ServedFile(name, f"files/{sha256[:16]}/{name}", sha256)
+    return served_bytes(name, text.encode())
 
 
 def lock_ref(lock: Lockfile, cell: Cell) -> LockRef:

@@ -11,7 +11,6 @@ from pathlib import Path
 from packaging import tags as wheel_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from builder import digests, downloads
 from builder.config import platform
 from builder.config.env import expand_env
 from builder.errors import UserError
@@ -49,13 +48,6 @@ def listing(project: str, index_urls: tuple[str, ...], find_links: tuple[str, ..
     return files
 
 
-@functools.cache
-def local_digest(wheel: pypi.WheelFile) -> str:
-    local = downloads.local_path(wheel.url)
-    assert local is not None, wheel.url  # called for file:// wheels only
-    return digests.sha256_file(local)
-
-
 def choose(cell: Cell, grid: Matrix, lock: Lockfile) -> list[FileRef]:
     """The one wheel per locked package that the cell's image will install."""
     index = grid.index(cell.index)
@@ -71,7 +63,7 @@ def choose(cell: Cell, grid: Matrix, lock: Lockfile) -> list[FileRef]:
             rank = min((priority[t] for t in file_tags if t in priority), default=None)
             if rank is None:
                 continue
-            digest = wheel.sha256 or local_digest(wheel)
+            digest = wheel.digest
             if digest not in package.hashes:
                 continue
             if best is None or rank < best[0]:

@@ -184,8 +184,9 @@ class Wheelhouse:
     def publish_files(self, paths: Iterable[Path]) -> None:
         """Serve build inputs that are not wheels (helper scripts) under their content's name."""
         for path in paths:
-            where = served.support_file(path).path
-            self.place(path.read_bytes(), self.root / where)
+            content = path.read_bytes()
+            where = served.served_bytes(path.name, content).path
+            self.place(content, self.root / where)
             self.allow([where])
 
     def _publish_lock(self, lock: Lockfile, page: str) -> None:

@@ -120,26 +120,24 @@ def test_the_front_page_links_every_docs_page() -> None:
         assert f"docs/{page.name}" in linked, page.name
 
 
-FIGURE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?) ?(GB|MB|s)\b")
+FIGURE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?) ?(GB|MB|s|min|minutes|%)(?!\w)")
 
 
-def _figures(text: str) -> list[tuple[str, str]]:
-    return FIGURE.findall(text)
-
-
-def test_every_size_and_time_the_front_page_claims_is_one_the_bench_measured() -> None:
-    """Issue 39: figures copied into prose drift. Each size or time the README states must be,
-    at the README's precision, one the bench's page records (docs/benchmarks.md)."""
-    measured: dict[str, set[float]] = {}
-    for value, unit in _figures((REPO / "docs" / "benchmarks.md").read_text()):
-        measured.setdefault(unit, set()).add(float(value))
-    claims = _figures(README.read_text())
-    assert len(claims) >= 5
-    for value, unit in claims:
-        places = len(value.partition(".")[2])
-        assert any(round(m, places) == float(value) for m in measured.get(unit, ())), f"{value} {unit}"
-    # Control: a figure the bench never measured is caught.
-    assert not any(round(m, 1) == 4.2 for m in measured.get("GB", ()))
+def test_every_figure_the_front_page_states_is_written_from_its_measurement() -> None:
+    """Issue 49: figures copied into prose drift. Each size, time or percentage the README states
+    sits in a figure span that `python -m harness.docs_tables` writes from where it was measured
+    (the sweep's record, or the docs page the measurement is on), and holds what that source says
+    now; none is typed by hand."""
+    text = README.read_text()
+    assert docs_tables.with_figures(text) == text, "the README's figures are stale: run python -m harness.docs_tables"
+    spans = docs_tables.FIGURE_SPAN.findall(text)
+    assert len(spans) >= 10 and {name for name, _ in spans} == set(docs_tables.FIGURES)
+    outside = docs_tables.FIGURE_SPAN.sub("", text)
+    prose = "\n".join(line for line in outside.splitlines() if not line.startswith(("`", "docker ", "FROM ")))
+    assert FIGURE.findall(prose) == [], "a figure typed into the README: make it a span (harness/docs_tables.py)"
+    # Control: a figure whose source moved is rewritten.
+    moved = text.replace("<!--f:flagship_size-->5.4 GB<!--/f-->", "<!--f:flagship_size-->4.2 GB<!--/f-->")
+    assert moved != text and docs_tables.with_figures(moved) == text
 
 
 def test_the_front_page_keeps_its_lines_under_120_characters() -> None:
