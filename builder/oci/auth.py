@@ -169,8 +169,9 @@ def _from_helper(config: Path, key: str, helper: object, host: str) -> Credentia
 
 
 def docker_config_credentials(host: str, config: Path) -> Credentials | None:
-    """Credentials for `host` as docker finds them in its config: `credHelpers`, then `auths`,
-    then `credsStore`."""
+    """Credentials for `host` as docker finds them in its config: the host's `credHelpers` entry;
+    else, where `credsStore` is set, that store alone (docker then ignores an inline `auths` entry:
+    the store's answer, empty when it has none, overwrites it); else the inline `auths` entry."""
     if not config.is_file():
         return None
     document = _config_document(config)
@@ -181,11 +182,10 @@ def docker_config_credentials(host: str, config: Path) -> Credentials | None:
     named = _lookup(helpers, host)
     if named is not None:
         return _from_helper(config, f"credHelpers.{named[0]} ({named[1]})", named[1], host)
-    inline = _lookup(auths, host)
-    found = _inline(config, inline[0], inline[1]) if inline is not None else None
-    if found is None and store:
+    if store:
         return _from_helper(config, f"credsStore ({store})", store, host)
-    return found
+    inline = _lookup(auths, host)
+    return _inline(config, inline[0], inline[1]) if inline is not None else None
 
 
 def find_credentials(

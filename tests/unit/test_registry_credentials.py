@@ -17,7 +17,7 @@ from builder.oci import auth, registry
 
 def _docker_config(tmp_path: Path, document: dict[str, object]) -> dict[str, str]:
     folder = tmp_path / "docker"
-    folder.mkdir()
+    folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps(document))
     return {"DOCKER_CONFIG": str(folder)}
 
@@ -46,15 +46,22 @@ def test_a_credential_helper_named_for_the_host_is_asked_first(tmp_path: Path, m
     assert "credHelpers.ghcr.io (torchtest)" in found.source and "helper-s3cret" not in repr(found)
 
 
-def test_auths_and_creds_store_come_before_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_creds_store_is_asked_as_docker_asks_it_before_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docker's order (docker/cli's configfile): the host's credHelpers entry, else credsStore
+    where it is set, whose answer overwrites an inline `auths` entry (an empty one when the store
+    has none), else the inline entry; the builder's environment variables come after all of it."""
     _helper(tmp_path, monkeypatch, "store", "store-user", "store-pass")
     inline = base64.b64encode(b"inline-user:inline-pass").decode()
     environ = _docker_config(tmp_path, {"auths": {"harbor.example": {"auth": inline}}, "credsStore": "store"})
     environ[registry.USER_VARIABLE] = "env-user"
-    by_auths = registry.find_credentials("harbor.example", environ)
+    for host in ("harbor.example", "quay.io"):
+        found = registry.find_credentials(host, environ)
+        assert found is not None and found.username == "store-user" and "credsStore (store)" in found.source
+    without_store = _docker_config(tmp_path / "no-store", {"auths": {"harbor.example": {"auth": inline}}})
+    by_auths = registry.find_credentials("harbor.example", without_store)
     assert by_auths is not None and (by_auths.username, by_auths.password) == ("inline-user", "inline-pass")
-    by_store = registry.find_credentials("quay.io", environ)
-    assert by_store is not None and by_store.username == "store-user" and "credsStore (store)" in by_store.source
 
 
 def test_the_environment_is_the_fallback(tmp_path: Path) -> None:
