@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,11 +121,33 @@ class RunningRegistry:
         return Registry(self.host, self.user, self.password, retries=1, backoff_s=0.1, ca_file=self.ca)
 
 
+@pytest.fixture(scope="session")
+def seeded_layers(built: BuiltCell, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A registry's storage holding the built cell's layers in repository `torch`, as the engine's
+    push compressed them, and nothing else (no manifest, no tag): what a registry keeps after an
+    earlier publish of the same image. A registry started on a copy of it (hard links: the
+    registry never rewrites a blob) takes a publish's push without the engine compressing and
+    uploading a gigabyte again (about 25 s here, for each test that publishes)."""
+    root = tmp_path_factory.mktemp("seed-registry")
+    with loopback.registry(root) as host:
+        repository = f"{host}/torch"
+        built.client.images.get(built.reference).tag(repository, "seed")
+        try:
+            for chunk in built.client.api.push(repository, tag="seed", stream=True, decode=True):
+                assert "error" not in chunk, chunk
+        finally:
+            built.client.images.remove(f"{repository}:seed")
+    shutil.rmtree(root / "data" / "docker" / "registry" / "v2" / "repositories" / "torch" / "_manifests")
+    return root / "data"
+
+
 @pytest.fixture
-def start_registry(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
-    """start(user, password, tls=False, token=False): a registry on loopback, with htpasswd
-    authentication for `user` (or token authentication through a test token issuer), and HTTPS
-    with a certificate from a test CA when `tls`."""
+def start_registry(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator:  # type: ignore[type-arg]
+    """start(user, password, tls=False, token=False, seeded=False): a registry on loopback, with
+    htpasswd authentication for `user` (or token authentication through a test token issuer), and
+    HTTPS with a certificate from a test CA when `tls`. `seeded`: it already holds the built
+    cell's layers (seeded_layers), for tests of what publish does once the layers are there (the
+    gate, artifacts, signatures, aliases, pruning); tests of the push itself start empty."""
     if not Path(loopback.REGISTRY_BINARY).exists():
         pytest.fail("docker-registry is not installed; `nox -s tests` installs Debian's docker-registry")
     with contextlib.ExitStack() as running:
@@ -135,8 +159,11 @@ def start_registry(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
             tls: bool = False,
             token: bool = False,
             ttl_s: int = 300,
+            seeded: bool = False,
         ) -> RunningRegistry:
             root = tmp_path / f"registry-{next(started)}"
+            if seeded:
+                shutil.copytree(request.getfixturevalue("seeded_layers"), root / "data", copy_function=os.link)
             certificate = registry_fixtures.server_certificate(root / "pki") if tls else None
             https = loopback.Tls(certificate.certificate, certificate.key) if certificate else None
             issuer, auth = None, None

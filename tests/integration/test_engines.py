@@ -88,7 +88,7 @@ def test_docker_29_rebuilds_a_tag_the_host_published_to_its_recorded_image_id(
     assert uses_containerd == (engine29.store == "containerd")
     record = recorded.read(built.cell)
     assert record is not None and built.image_id == record.image_id  # the host's engine gives it too
-    reference = _published_from_the_host(built, smoke_result, start_registry(), tmp_path)
+    reference = _published_from_the_host(built, smoke_result, start_registry(seeded=True), tmp_path)
     result = _builder(engine29, "verify", "--rebuild", reference)
     said = result.stdout + result.stderr  # progress lines go to stderr, the verdict to stdout
     assert result.returncode == 0, said[-3000:]

@@ -262,7 +262,7 @@ def test_a_rerun_finishes_a_publish_cut_short_before_its_artifacts_and_moves_ali
 ) -> None:
     # Seen before: the registry stopped during publishing; the rerun moved the aliases but never
     # pushed the SBOM and report. A publish is complete only with all three.
-    registry = start_registry()
+    registry = start_registry(seeded=True)
 
     def cut(*args: object, **kwargs: object) -> str:
         raise UserError("registry went away")
@@ -291,7 +291,7 @@ def test_skip_existing_does_not_build_a_cell_whose_build_id_is_in_the_registry(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
 ) -> None:
-    registry, empty = start_registry(), start_registry()
+    registry, empty = start_registry(seeded=True), start_registry()
     grid = _grid_for(built, registry)
     [item] = _publish(built, registry, tmp_path, monkeypatch)
 
@@ -316,7 +316,7 @@ def test_ci_stages_each_cell_then_promotes_from_the_registry_alone(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
 ) -> None:
-    running = start_registry()
+    running = start_registry(seeded=True)
     grid, api, say, records, readme = _ci_setting(built, running, tmp_path, monkeypatch)
 
     [staged] = staging.stage(Publisher(api, grid, say, built.client), [built.cell], "r1")
@@ -380,7 +380,7 @@ def test_reports_sit_side_by_side_a_cpu_report_cannot_pass_a_gpu_gate_and_verify
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],  # type: ignore[no-untyped-def]
 ) -> None:
-    running = start_registry()
+    running = start_registry(seeded=True)
     grid, api, say, records, readme = _ci_setting(built, running, tmp_path, monkeypatch)
     [staged] = staging.stage(Publisher(api, grid, say, built.client), [built.cell], "g1")
     tag = staging.staging_tag(built.grid, built.cell, "g1")
@@ -507,7 +507,7 @@ def test_a_signed_publish_verifies_with_its_key_and_every_tampering_fails_in_one
 ) -> None:
     private, public = _key_files(tmp_path / "team")
     _, stranger = _key_files(tmp_path / "stranger")
-    running = start_registry()
+    running = start_registry(seeded=True)
     [item] = _publish(built, running, tmp_path, monkeypatch, provenance.load_signer(private))
     monkeypatch.chdir(tmp_path)
     reference, matrix_file = f"{running.host}/torch:{built.cell.tag}", str(built.grid.path)
@@ -617,7 +617,7 @@ def test_with_the_teams_key_promote_trusts_only_what_it_signed(
     stranger_private, _ = _key_files(tmp_path / "stranger")
     signer, key = provenance.load_signer(private), provenance.load_public_key(public)
     assert signer is not None
-    running = start_registry()
+    running = start_registry(seeded=True)
     grid, api, say, records, readme = _ci_setting(built, running, tmp_path, monkeypatch)
     [staged] = staging.stage(Publisher(api, grid, say, built.client, signer), [built.cell], "k1")
     tag = staging.staging_tag(built.grid, built.cell, "k1")
@@ -680,7 +680,7 @@ def test_cosign_and_oras_read_what_a_signed_publish_attached(
     flipped byte; `oras discover` lists every artifact with its type."""
     private, public = _key_files(tmp_path / "team")
     _, stranger = _key_files(tmp_path / "stranger")
-    running = start_registry()
+    running = start_registry(seeded=True)
     # A reviewed not-affected decision (vex.yaml beside the matrix), for the VEX attestation.
     decision = vex.Decision("GHSA-cpwx-vrp4-4pq7", "jinja2", ("*",), "vulnerable_code_not_in_execute_path",
                             "the images never render templates from untrusted input")  # fmt: skip
@@ -787,7 +787,7 @@ def test_pruning_deletes_stale_reports_and_their_statements_and_never_a_failure(
     private, public = _key_files(tmp_path / "team")
     signer = provenance.load_signer(private)
     assert signer is not None
-    running = start_registry()
+    running = start_registry(seeded=True)
     [item] = _publish(built, running, tmp_path, monkeypatch, signer)
     api, tag = running.api(), built.cell.tag
     subject = api.manifest("torch", tag)
@@ -853,7 +853,7 @@ def test_publish_soci_attaches_an_index_by_which_a_node_starts_the_image_lazily(
     # No soci on PATH here: publish fetches Debian's package data/tools.yaml pins, by its sha256.
     assert shutil.which("soci") is None
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "no-docker-config"))
-    registry = start_registry(tls=True)  # soci-snapshotter 0.4 fetches indexes over HTTPS only
+    registry = start_registry(tls=True, seeded=True)  # soci-snapshotter 0.4 fetches indexes over HTTPS only
     grid = _grid_for(built, registry)
     spec = grid.spec.model_copy(update={"publish": grid.spec.publish.model_copy(update={"soci": True})})
     lazy_grid = Matrix(grid.path, spec, grid.cells, grid.rejected)
@@ -901,7 +901,7 @@ def test_a_third_partys_sbom_attached_first_is_neither_taken_for_the_images_nor_
     team's signing run; publish took it for the image's SBOM and the team's key signed it. The
     key signs only the SBOM the builder makes, and publish attaches that one beside the other."""
     private, public = _key_files(tmp_path / "team")
-    running = start_registry()
+    running = start_registry(seeded=True)
     [item] = _publish(built, running, tmp_path, monkeypatch)  # unsigned: the image and its own SBOM
     api, sbom_type = running.api(), publish.ARTIFACT_TYPES["sbom"]
     subject = api.manifest("torch", built.cell.tag)
@@ -937,7 +937,7 @@ def test_junk_annotated_as_the_teams_statements_does_not_stop_the_key_signing(
     """Issue 47: three junk artifacts annotated as provenance, self-test and CycloneDX statements
     made a publish holding the key sign nothing, silently. What is signed is what the key verifies."""
     private, public = _key_files(tmp_path / "team")
-    running = start_registry()
+    running = start_registry(seeded=True)
     [item] = _publish(built, running, tmp_path, monkeypatch)  # unsigned
     api = running.api()
     subject = api.manifest("torch", built.cell.tag)
@@ -962,7 +962,7 @@ def test_anyone_can_rebuild_a_published_tag_and_get_its_image_id(
     """Issue 48: `verify --rebuild REF` builds the tag's cell again here, without cache, from this
     checkout, and compares the builder's image ID with the published config digest."""
     private, public = _key_files(tmp_path / "team")
-    running = start_registry()
+    running = start_registry(seeded=True)
     [item] = _publish(built, running, tmp_path, monkeypatch, provenance.load_signer(private))
     monkeypatch.chdir(tmp_path)
     reference = f"{running.host}/torch:{built.cell.tag}"
@@ -1016,7 +1016,7 @@ def test_a_rebuild_names_the_first_differing_layer_and_its_paths_and_another_loc
     """Issue 48: a published image whose one layer was changed by hand differs, at that layer and
     path; a checkout whose lock is not the provenance's is refused before anything is built."""
     private, public = _key_files(tmp_path / "team")
-    running = start_registry()
+    running = start_registry(seeded=True)
     _publish(built, running, tmp_path, monkeypatch, provenance.load_signer(private))
     api = running.api()
     changed = _tampered(api, built.cell.tag)
@@ -1058,7 +1058,7 @@ def test_promote_waits_for_the_signed_rebuilds_the_matrix_requires(
     private, public = _key_files(tmp_path / "team")
     signer, key = provenance.load_signer(private), provenance.load_public_key(public)
     assert signer is not None
-    running = start_registry()
+    running = start_registry(seeded=True)
     grid, api, say, records, readme = _ci_setting(built, running, tmp_path, monkeypatch)
     grid.spec = grid.spec.model_copy(update={"publish": grid.spec.publish.model_copy(update={"require_rebuilds": 2})})
     [staged] = staging.stage(Publisher(api, grid, say, built.client, signer), [built.cell], "q1")

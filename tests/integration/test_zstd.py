@@ -75,7 +75,7 @@ def test_zstd_form_is_the_same_image_containerd_pulls_it_and_its_bytes_reproduce
     assert smoke_result.status == "pass"
     _empty_zstd_cache(monkeypatch, tmp_path / "cache-1")  # nothing compressed before
     user, password = credentials
-    registry = start_registry(user, password)
+    registry = start_registry(user, password, seeded=True)  # the gzip form's layers: zstd is what is tried
     _, zstd_item = _publish_zstd(built, registry, tmp_path / "first")
     api = registry.api()
 
@@ -114,7 +114,7 @@ def test_zstd_form_is_the_same_image_containerd_pulls_it_and_its_bytes_reproduce
 
     # The same image compressed again, from an empty cache, into another registry: the same bytes.
     _empty_zstd_cache(monkeypatch, tmp_path / "cache-2")
-    other = start_registry(user, password)
+    other = start_registry(user, password, seeded=True)
     _, again = _publish_zstd(built, other, tmp_path / "second")
     assert again.digest == zstd_form.digest
 
@@ -192,7 +192,7 @@ def test_ci_stages_and_promotes_both_forms_and_the_gpu_stage_attaches_to_both(
 ) -> None:
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "no-docker-config"))
     _empty_zstd_cache(monkeypatch, tmp_path / "cache")
-    registry = start_registry()
+    registry = start_registry(seeded=True)
     grid, api, say = _zstd_grid(built, registry), registry.api(), (lambda _: None)
     publisher = Publisher(api, grid, say, built.client)
     staged = staging.stage(publisher, [built.cell], "z1")

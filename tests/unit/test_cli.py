@@ -189,3 +189,15 @@ def test_the_front_door_ci_output_cells_after_options_and_update_without_securit
     refused = _builder("update", "2.13.0-cpu-bookworm-runtime")
     assert refused.returncode == 2 and "cells and --osv go with --security" in refused.stderr
     assert _builder("plan", "--bogus").returncode == 2
+
+
+def test_a_python_without_the_builders_dependencies_gets_one_line_saying_where_to_run_it() -> None:
+    """The README's `python -m builder` from a Python that lacks rich and the rest (its site
+    packages off, as a fresh machine's system Python): one line naming the environment to use,
+    exit 2, no traceback."""
+    result = subprocess.run(
+        [sys.executable, "-S", "-m", "builder", "plan"],
+        cwd=REPO, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and ".nox/builder/bin/python -m builder" in result.stderr
