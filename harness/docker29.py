@@ -13,8 +13,8 @@ store: "containerd" (Docker 29's default on a fresh data root) or "overlay2" (th
 store an upgraded host keeps).
 
 Used by the integration tests, the bench and by hand:
-    python -m tests.support.docker29 start containerd   # prints DOCKER_HOST=...
-    python -m tests.support.docker29 stop containerd
+    python -m harness.docker29 start containerd   # prints DOCKER_HOST=...
+    python -m harness.docker29 stop containerd
 Everything it starts is stopped by PID.
 """
 
@@ -294,7 +294,7 @@ def running(store: str, fresh: bool = False) -> Iterator[Engine]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[0] not in ("start", "stop", "remove") or argv[1] not in STORES:
-        print("usage: python -m tests.support.docker29 start|stop|remove containerd|overlay2", file=sys.stderr)
+        print("usage: python -m harness.docker29 start|stop|remove containerd|overlay2", file=sys.stderr)
         return 2
     action, store = argv
     if action == "start":
