@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -124,3 +125,57 @@ def test_the_spdx_form_of_the_sbom_lists_each_component_with_its_purl() -> None:
         ("jinja2", "3.1.6", "pkg:pypi/jinja2@3.1.6"), ("libc6", "2.36-9", "pkg:deb/debian/libc6@2.36-9?arch=amd64"),
     ]  # fmt: skip
     assert len(document["relationships"]) == 2 and sbom.spdx_of(cyclonedx, "n") == sbom.spdx_of(cyclonedx, "n")
+
+
+class _StagedRegistry:
+    """A registry holding one staged image and, attached to it, an SBOM and `reports` self-test
+    reports; it counts how often each referrer listing is read."""
+
+    host = "127.0.0.1:5000"
+
+    def __init__(self, tag: str, reports: int) -> None:
+        config = json.dumps({"config": {"Labels": {"io.torch-images.build-id": "b" * 32}}}).encode()
+        self.blobs = {"sha256:" + "c" * 64: config}
+        body = json.dumps({"schemaVersion": 2, "config": {"digest": "sha256:" + "c" * 64}, "layers": []}).encode()
+        self.image = Manifest.of(body, "application/vnd.oci.image.manifest.v1+json")
+        self.tag, self.listings, self.artifacts = tag, [], {}
+        for kind, letter, count in (("sbom", "a", 1), ("selftest", "b", reports)):
+            for number in range(count):
+                artifact_type, layer = publish.ARTIFACT_TYPES[kind], f"sha256:{letter * 60}{number:04d}"
+                self.blobs[layer] = json.dumps({"status": "pass", "image_id": "sha256:" + "f" * 64}).encode()
+                manifest = {"artifactType": artifact_type, "subject": {"digest": self.image.digest},
+                            "layers": [{"mediaType": artifact_type, "digest": layer}]}  # fmt: skip
+                self.artifacts[f"sha256:{letter * 56}{number:08d}"] = manifest
+
+    def manifest(self, repository: str, reference: str) -> Manifest | None:
+        return self.image if reference in (self.tag, self.image.digest) else None
+
+    def blob(self, repository: str, digest: str, limit: int = 0) -> bytes:
+        return self.blobs[digest]
+
+    def referrers(self, repository: str, subject: str, artifact_type: str | None = None) -> list[dict[str, str]]:
+        self.listings.append(artifact_type or "")
+        return [{"digest": d, "artifactType": m["artifactType"]} for d, m in self.artifacts.items()
+                if artifact_type in (None, m["artifactType"])]  # fmt: skip
+
+    def artifact_manifest(self, repository: str, digest: str) -> dict[str, object]:
+        return self.artifacts[digest]
+
+    def artifact_document(self, repository: str, manifest: dict[str, Any], limit: int = 0) -> dict[str, Any]:
+        document: dict[str, Any] = json.loads(self.blobs[manifest["layers"][0]["digest"]])
+        return document
+
+
+def test_promote_without_a_key_refuses_a_staged_image_with_no_report_and_lists_reports_once(tmp_path: Path) -> None:
+    """The gate without the team's key: an SBOM alone does not let a tag move, and where a report
+    is attached its listing is read once, by the gate that reads the reports."""
+    grid = load_matrix(REPO / "matrix.yaml")
+    cell = grid.cell("2.13.0-cpu-bookworm-runtime")
+    tag = staging.staging_tag(grid, cell, "7")
+    bare = _StagedRegistry(tag, reports=0)
+    with pytest.raises(UserError, match=r"no self-test report attached to sha256:"):
+        staging.gate_in_registry(Publisher(bare, grid, lambda _: None), [cell], "7")  # type: ignore[arg-type]
+    reported = _StagedRegistry(tag, reports=1)
+    with pytest.raises(UserError, match="refused, nothing promoted"):  # its report is about another image
+        staging.gate_in_registry(Publisher(reported, grid, lambda _: None), [cell], "7")  # type: ignore[arg-type]
+    assert reported.listings.count(publish.ARTIFACT_TYPES["selftest"]) == 1
