@@ -21,6 +21,7 @@ from builder.engine import daemon
 from builder.errors import UserError
 from builder.facts import refresh
 from builder.facts.compat import TorchWheels
+from builder.lock import inputs
 from builder.plan import matrix
 from builder.plan.matrix import load_matrix
 from builder.terminal import SafeConsole
@@ -201,3 +202,34 @@ def test_a_python_without_the_builders_dependencies_gets_one_line_saying_where_t
     )  # fmt: skip
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1 and ".nox/builder/bin/python -m builder" in result.stderr
+
+
+@pytest.mark.parametrize(("no_cache", "tested_again"), [(False, False), (True, True)])
+def test_build_no_cache_runs_the_self_test_again_even_with_an_earlier_pass_of_the_image(
+    monkeypatch: pytest.MonkeyPatch, no_cache: bool, tested_again: bool
+) -> None:
+    """`build --no-cache` redoes everything: a passing report of the same image ID from an earlier
+    run is taken only without it (CI builds the flagship with it, to try how the self-test runs)."""
+    from builder.assemble import build, smoke
+    from builder.commands import build as build_command
+
+    grid = load_matrix(REPO / "matrix.yaml")
+    cell = grid.cell("2.13.0-cpu-bookworm-runtime")
+    image_id = "sha256:" + "a" * 64
+
+    def built(*_: object) -> build.BuildResult:
+        result = build.BuildResult(cell.name, "torch:x")
+        result.image_id, result.state = image_id, build.BuildState.BUILT
+        return result
+
+    ran: list[str] = []
+    monkeypatch.setattr(build, "build_cell", built)
+    monkeypatch.setattr(build_command.recorded, "compare", lambda *_: (None, "no record"))
+    monkeypatch.setattr(smoke, "passing_report", lambda found: {"status": "pass"} if found == image_id else None)
+    monkeypatch.setattr(smoke, "run", lambda _, reference: ran.append(reference) or smoke.SmokeResult(
+        image_id, "pass", {"checks": []}, Path("report.json"), 1.0))  # fmt: skip
+    args = cli.build_parser().parse_args(["build", *(["--no-cache"] if no_cache else []), cell.name])
+    locks = inputs.read(cell, grid)
+    result = build_command._build_and_test(None, grid, locks, None, args)  # type: ignore[arg-type]
+    assert (ran == ["torch:x"]) == tested_again
+    assert result.notes[-1] == ("self-test pass" if tested_again else "self-test pass (earlier run, same image ID)")
