@@ -170,6 +170,7 @@ FIGURES: dict[str, Any] = {
     "flagship_size": lambda: f"{_flagship_row()['size_bytes'] / 1e9:.1f} GB",
     "flagship_build": lambda: f"{math.ceil(_flagship_row()['build_seconds'] / 60)} minutes",
     "tests_time": lambda: _found("testing.md", r"`\./nox -s tests` in (\d+ min)"),
+    "build_disk": lambda: _found("testing.md", r"the build held at most (\d+ GB)"),
     "flagship_compressed": lambda: _found("size.md", r"flagship `[^`]+` \((\d+\.\d+ GB) compressed\)"),
     "jinja2_fix_pulled": lambda: _found("size.md", r"jinja2 [^|]*\| (\d+(?:\.\d+)? MB) pulled"),
     "openssl_fix_pulled": lambda: _found("size.md", r"openssl [^|]*\| (\d+(?:\.\d+)? MB) pulled"),
