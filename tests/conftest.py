@@ -62,6 +62,13 @@ CU128 = [
     'nvidia-nccl-cu12==2.27.5; platform_system == "Linux"',
     'triton==3.5.1; platform_system == "Linux"',
 ]
+# torch >= 2.11 pins the cuda-toolkit metapackage, whose nvcc extra is the devel flavor's compiler.
+CU130 = [
+    'cuda-toolkit[cublas,cudart,cudnn]==13.0.3; platform_system == "Linux"',
+    'nvidia-cudnn-cu13==9.20.0.48; platform_system == "Linux"',
+    'nvidia-nccl-cu13==2.29.7; platform_system == "Linux"',
+    'triton==3.7.1; platform_system == "Linux"',
+]
 
 
 @pytest.fixture
@@ -71,6 +78,7 @@ def wheels() -> TorchWheels:
             "pypi": {
                 "2.6.0": torch_build("2.6.0", ["3.9", "3.10", "3.11", "3.12", "3.13"], "2.17", CU124),
                 "2.9.1": torch_build("2.9.1", ["3.10", "3.11", "3.12", "3.13", "3.14"], "2.28", CU128),
+                "2.13.0": torch_build("2.13.0", ["3.10", "3.11", "3.12", "3.13", "3.14"], "2.28", CU130),
             },
             "local-cpu": {
                 "2.13.0+cpu": torch_build("2.13.0+cpu", ["3.11"], "2.28", ["filelock", "sympy>=1.13.3"]),

@@ -52,6 +52,14 @@ class SweepRow:
         return self.status == "pass"
 
 
+def _shortened(text: str, most: int = 300) -> str:
+    """Text for the record: its start and its end, where a failed step's own last lines are
+    (the engine's error first quotes the whole command, which alone would fill the space)."""
+    if len(text) <= most:
+        return text
+    return f"{text[: most // 3]} … {text[-(most - most // 3 - 3) :]}"
+
+
 def record_path(grid: Matrix) -> Path:
     return grid.images_dir / RECORD_NAME
 
@@ -115,7 +123,7 @@ def sweep_cell(
         checks_passed=sum(1 for c in checks if c.get("status") == "pass"),
         checks_total=len(checks),
         status=verdict.status if verdict else "build failed",
-        detail=(verdict.summary if verdict else result.detail)[:300],
+        detail=_shortened(verdict.summary if verdict else result.detail),
         engine=engine_name,
         date=times.iso_utc(int(time.time()))[:10],
         dockerfile=dockerfile_sha256(cell),
@@ -178,17 +186,39 @@ def table(grid: Matrix, rows: dict[str, SweepRow]) -> str:
         "| cell | platform | build ID | image ID | size | largest layer | build | self-test | engine | date |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for name in sorted(set(current) | set(rows)):
+    for name in sorted(current):
         row = rows.get(name)
         if row is None:
             lines.append(f"| {name} | {current[name].platform} | not swept | | | | | | | |")
             continue
         verdict = f"{row.status}, {row.checks_passed}/{row.checks_total}" if row.checks_total else row.status
-        if name not in current or row.dockerfile != dockerfile_sha256(current[name]):
+        if row.dockerfile != dockerfile_sha256(current[name]):
             verdict = f"*stale*: {verdict}"
         lines.append(
             f"| {name} | {row.platform} | {row.build_id[:12]} | {row.image_id[7:19]} | {size.human(row.size_bytes)} "
             f"| {size.human(row.largest_layer_bytes)} | {row.build_seconds:.0f} s | {verdict} | {row.engine} "
             f"| {row.date} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *_rejected_section(grid), *_former_section(current, rows)]) + "\n"
+
+
+def _rejected_section(grid: Matrix) -> list[str]:
+    """The axes' combinations the matrix rejects, each with its reason (what `plan` says)."""
+    if not grid.rejected:
+        return []
+    lines = ["", "## Rejected combinations", "", "Not built: `python -m builder plan` gives the same reasons.", ""]
+    lines += ["| combination | reason |", "|---|---|"]
+    lines += [f"| {r.name} | {r.reason.replace('|', '/')} |" for r in sorted(grid.rejected, key=lambda r: r.name)]
+    return lines
+
+
+def _former_section(current: dict[str, Cell], rows: dict[str, SweepRow]) -> list[str]:
+    """Swept rows of cells the matrix no longer builds: their last result, kept as history."""
+    former = sorted(name for name in rows if name not in current)
+    if not former:
+        return []
+    lines = ["", "## Swept before, no longer built", "", "| cell | build ID | result | date |", "|---|---|---|---|"]
+    for name in former:
+        row = rows[name]
+        lines.append(f"| {name} | {row.build_id[:12]} | {row.status}: {row.detail.replace('|', '/')} | {row.date} |")
+    return lines

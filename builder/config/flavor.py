@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
@@ -19,8 +19,19 @@ class Flavor:
     system: tuple[str, ...]
     python: tuple[str, ...]
     python_cuda_toolkit: tuple[str, ...] = ()
-    python_cuda_legacy: tuple[str, ...] = ()
+    python_cuda_compiler: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    needs_cuda_compiler: bool = False
     requires_cuda: bool = False
+
+    def cuda_requirements(self, cuda_toolkit: str | None, cuda_major: str | None) -> tuple[str, ...] | None:
+        """What this flavor adds on a CUDA build: the toolkit's extras where torch pins cuda-toolkit,
+        else the compiler wheel of its CUDA major; None where it needs a compiler no wheel gives."""
+        if cuda_toolkit:
+            return self.python_cuda_toolkit
+        compiler = self.python_cuda_compiler.get(cuda_major or "")
+        if compiler is None:
+            return None if self.needs_cuda_compiler else ()
+        return compiler
 
 
 @dataclass(frozen=True)
@@ -46,7 +57,8 @@ class FlavorSpec(validated.Strict):
     system: list[validated.DebianPackage] = []
     python: list[validated.Requirement] = []
     python_cuda_toolkit: list[validated.Requirement] = []
-    python_cuda_legacy: list[validated.Requirement] = []
+    python_cuda_compiler: dict[validated.Name, list[validated.Requirement]] = {}
+    needs_cuda_compiler: bool = False
     requires_cuda: bool = False
 
 
@@ -66,7 +78,8 @@ def load(path: Path = FLAVORS_FILE) -> FlavorTable:
             system=tuple(entry.system),
             python=tuple(entry.python),
             python_cuda_toolkit=tuple(entry.python_cuda_toolkit),
-            python_cuda_legacy=tuple(entry.python_cuda_legacy),
+            python_cuda_compiler={major: tuple(r) for major, r in entry.python_cuda_compiler.items()},
+            needs_cuda_compiler=entry.needs_cuda_compiler,
             requires_cuda=entry.requires_cuda,
         )
         for name, entry in spec.flavors.items()

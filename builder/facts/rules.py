@@ -8,6 +8,7 @@ data/torch_wheels.json and data/trtllm.json, derived from the wheels' own metada
 from __future__ import annotations
 
 from builder.config import platform as platforms
+from builder.config.flavor import Flavor
 from builder.facts.compat import TorchBuild, TorchWheels, TrtllmRelease, version_key
 
 
@@ -73,9 +74,16 @@ def cudnn_override(build: TorchBuild, cudnn: str | None) -> str:
     return ""
 
 
-def flavor_on_build(build: TorchBuild, flavor: str, requires_cuda: bool) -> str:
-    if requires_cuda and build.cuda == "cpu":
-        return f"the {flavor} flavor needs a CUDA build of torch, not {build.version}"
+def flavor_on_build(build: TorchBuild, flavor: Flavor) -> str:
+    """A flavor that needs CUDA needs a CUDA build; one that needs CUDA's compiler needs a build
+    whose pins leave a wheel that holds nvcc (data/flavors.yaml says which)."""
+    if flavor.requires_cuda and build.cuda == "cpu":
+        return f"the {flavor.name} flavor needs a CUDA build of torch, not {build.version}"
+    if build.cuda != "cpu" and flavor.cuda_requirements(build.cuda_toolkit, build.cuda_major) is None:
+        return (
+            f"the {flavor.name} flavor needs nvcc: torch {build.version} pins CUDA {build.cuda}'s per-library "
+            f"wheels, and nvidia-cuda-nvcc-cu{build.cuda_major} holds no nvcc; use torch 2.11 or later, or runtime"
+        )
     return ""
 
 

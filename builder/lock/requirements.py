@@ -208,7 +208,7 @@ def flavor_requirements(cell: Cell) -> list[str]:
     }
     templates = list(spec.python)
     if cell.is_cuda:
-        templates += spec.python_cuda_toolkit if cell.torch.cuda_toolkit else spec.python_cuda_legacy
+        templates += spec.cuda_requirements(cell.torch.cuda_toolkit, cell.torch.cuda_major) or ()
     return [template.format(**values) for template in templates]
 
 

@@ -147,7 +147,6 @@ def _resolve(
     reasons = [
         rules.wheel_for_base(build, python, base.name, base.glibc),
         rules.cudnn_override(build, cudnn),
-        rules.flavor_on_build(build, flavor.name, flavor.requires_cuda),
     ]
     if flavor.name == "trtllm":
         version = selector.trtllm
@@ -156,6 +155,7 @@ def _resolve(
             if version
             else "the trtllm flavor needs trtllm: <TensorRT-LLM version>"
         )
+    reasons.append(rules.flavor_on_build(build, flavor))  # after TensorRT-LLM's own: it names the build to use
     reason = next((r for r in reasons if r), "")
     if reason:
         return reason

@@ -30,6 +30,14 @@ torch==2.9.1 \\
 triton==3.5.1 \\
     --hash=sha256:{H2}
 """
+# The same lock for the fixture's torch 2.13.0 (CUDA 13.0 through the cuda-toolkit metapackage).
+CU130_LOCK_TEXT = (
+    LOCK_TEXT.replace("nvidia-cuda-runtime-cu12==12.8.90", "cuda-toolkit==13.0.3")
+    .replace("nvidia-cudnn-cu12==9.10.2.21", "nvidia-cudnn-cu13==9.20.0.48")
+    .replace("nvidia-nccl-cu12==2.27.5", "nvidia-nccl-cu13==2.29.7")
+    .replace("torch==2.9.1", "torch==2.13.0")
+    .replace("triton==3.5.1", "triton==3.7.1")
+)
 
 
 def write_lock(tmp_path: Path, text: str = LOCK_TEXT) -> lock.Lockfile:
@@ -100,12 +108,12 @@ def test_cells_that_share_a_stack_resolve_it_once(
     monkeypatch: pytest.MonkeyPatch, matrix_file: Path, wheels: TorchWheels
 ) -> None:
     grid = load_matrix(matrix_file, wheels)
-    runtime, devel = grid.cell("2.9.1-cu12.8-bookworm-runtime"), grid.cell("2.9.1-cu12.8-bookworm-devel")
+    runtime, devel = grid.cell("2.13.0-cu13.0-bookworm-runtime"), grid.cell("2.13.0-cu13.0-bookworm-devel")
     resolved: list[tuple[str, bool]] = []
 
     def fake_compile(cell, grid, requirements, overrides, constraints):  # type: ignore[no-untyped-def]
         resolved.append((cell.name, constraints is not None))
-        return LOCK_TEXT.partition("\n")[2]
+        return CU130_LOCK_TEXT.partition("\n")[2]
 
     monkeypatch.setattr(lock, "_compile", fake_compile)
     monkeypatch.setattr(lock, "verify_flavor", lambda *_: None)
@@ -130,6 +138,6 @@ def test_uv_is_never_asked_to_download_a_python(
         return subprocess.CompletedProcess(command, 0, LOCK_TEXT.partition("\n")[2], "")
 
     monkeypatch.setattr(lock.subprocess, "run", fake_run)
-    cell = grid.cell("2.9.1-cu12.8-bookworm-runtime")
+    cell = grid.cell("2.13.0-cu13.0-bookworm-runtime")
     lock._compile(cell, grid, lock.stack_requirements(cell), [], None)
     assert seen["UV_PYTHON_DOWNLOADS"] == "never"

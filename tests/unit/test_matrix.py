@@ -42,11 +42,10 @@ def test_axes_expand_to_every_combination_with_resolved_versions(matrix_file: Pa
     assert names == sorted(
         [
             "2.6.0-cu12.4-bullseye-runtime",
-            "2.6.0-cu12.4-bullseye-devel",
             "2.6.0-cu12.4-bookworm-runtime",
-            "2.6.0-cu12.4-bookworm-devel",
             "2.9.1-cu12.8-bookworm-runtime",
-            "2.9.1-cu12.8-bookworm-devel",
+            "2.13.0-cu13.0-bookworm-runtime",
+            "2.13.0-cu13.0-bookworm-devel",
         ]
     )
     cell = grid.cell("2.9.1-cu12.8-bookworm-runtime")
@@ -60,7 +59,10 @@ def test_torch_without_a_wheel_for_the_base_python_is_a_rejected_cell(matrix_fil
     grid = load_matrix(matrix_file, wheels)
     reasons = {r.name: r.reason for r in grid.rejected}
     assert reasons["2.9.1-bullseye-runtime"] == "torch 2.9.1 has no wheel for Python 3.9 (has 3.10-3.14)"
-    assert len(grid.rejected) == 2
+    assert reasons["2.13.0-bullseye-devel"] == "torch 2.13.0 has no wheel for Python 3.9 (has 3.10-3.14)"
+    assert sorted(name for name, reason in reasons.items() if "no wheel for Python 3.9" in reason) == [
+        "2.13.0-bullseye-devel", "2.13.0-bullseye-runtime", "2.9.1-bullseye-devel", "2.9.1-bullseye-runtime",
+    ]  # fmt: skip
 
 
 def test_glibc_floor_rejection_names_wheel_floor_and_base_glibc(matrix_file: Path, wheels: TorchWheels) -> None:
@@ -171,7 +173,7 @@ def test_unquoted_version_parsed_as_number_says_to_quote_it(matrix_file: Path, w
 
 
 def test_value_that_is_not_a_version_is_rejected(matrix_file: Path, wheels: TorchWheels) -> None:
-    edit(matrix_file, 'torch: ["2.6.0", "2.9.1"]', 'torch: ["2.6.0", "latest"]')
+    edit(matrix_file, 'torch: ["2.6.0", "2.9.1", "2.13.0"]', 'torch: ["2.6.0", "latest"]')
     error = error_of(matrix_file, wheels)
     assert "axes.torch[1]: 'latest' is not valid; write a version such as \"2.15.0\"" in error.line()
 
@@ -213,7 +215,7 @@ def test_duplicate_cells_are_rejected(matrix_file: Path, wheels: TorchWheels) ->
 
 def test_two_cells_with_the_same_tag_are_rejected(matrix_file: Path, wheels: TorchWheels) -> None:
     edit(matrix_file, 'tag: "{torch}-{accel}-py{python}-{base}-{flavor}"', 'tag: "{torch}-{base}"')
-    assert "both get the tag '2.6.0-bullseye'" in error_of(matrix_file, wheels).line()
+    assert "both get the tag '2.13.0-bookworm'" in error_of(matrix_file, wheels).line()
 
 
 def test_alias_shared_by_two_cells_is_rejected(matrix_file: Path, wheels: TorchWheels) -> None:
@@ -230,7 +232,7 @@ def test_empty_file_is_rejected(matrix_file: Path, wheels: TorchWheels) -> None:
 
 
 def test_matrix_that_makes_no_cell_is_rejected(matrix_file: Path, wheels: TorchWheels) -> None:
-    edit(matrix_file, 'torch: ["2.6.0", "2.9.1"]', 'torch: ["2.4.0"]')
+    edit(matrix_file, 'torch: ["2.6.0", "2.9.1", "2.13.0"]', 'torch: ["2.4.0"]')
     assert "the matrix makes no buildable cell" in error_of(matrix_file, wheels).line()
 
 
@@ -254,7 +256,7 @@ def test_flagship_must_match_exactly_one_cell(matrix_file: Path, wheels: TorchWh
     edit(
         matrix_file,
         'flagship: {torch: "2.9.1", base: bookworm, flavor: runtime}',
-        'flagship: {torch: "2.9.1"}',
+        'flagship: {torch: "2.13.0"}',
     )
     assert "flagship: must match exactly one buildable cell" in error_of(matrix_file, wheels).line()
 
@@ -289,7 +291,23 @@ def test_size_budgets_are_per_known_flavor_in_decimal_units(matrix_file: Path, w
 
 def test_a_cells_sibling_differs_only_in_flavor(matrix_file: Path, wheels: TorchWheels) -> None:
     grid = load_matrix(matrix_file, wheels)
-    runtime = grid.cell("2.9.1-cu12.8-bookworm-runtime")
+    runtime = grid.cell("2.13.0-cu13.0-bookworm-runtime")
     sibling = grid.sibling(runtime, "devel")
-    assert sibling is not None and sibling.name == "2.9.1-cu12.8-bookworm-devel"
+    assert sibling is not None and sibling.name == "2.13.0-cu13.0-bookworm-devel"
+    assert grid.sibling(grid.cell("2.9.1-cu12.8-bookworm-runtime"), "devel") is None  # rejected: no nvcc
     assert grid.sibling(runtime, "trtllm") is None
+
+
+def test_devel_on_a_torch_whose_cuda_wheels_hold_no_nvcc_is_a_rejected_cell_saying_so(
+    matrix_file: Path, wheels: TorchWheels
+) -> None:
+    """CUDA 12's nvidia-cuda-nvcc-cu12 holds ptxas but no nvcc: the sweep's six CUDA 12 devel
+    cells failed at link-cuda-home.sh. Such a cell is rejected at plan time, with the reason."""
+    reasons = {r.name: r.reason for r in load_matrix(matrix_file, wheels).rejected}
+    assert reasons["2.9.1-bookworm-devel"] == (
+        "the devel flavor needs nvcc: torch 2.9.1 pins CUDA 12.8's per-library wheels, and "
+        "nvidia-cuda-nvcc-cu12 holds no nvcc; use torch 2.11 or later, or runtime"
+    )
+    assert "2.6.0-bookworm-devel" in reasons and "2.13.0-bookworm-devel" not in reasons
+    matrix_file.write_text(matrix_file.read_text() + 'include:\n  - {torch: "2.9.1", base: bookworm, flavor: devel}\n')
+    assert "include[0]: this cell cannot work: the devel flavor needs nvcc" in error_of(matrix_file, wheels).line()

@@ -16,7 +16,7 @@ from builder.render import render
 from builder.repro import normalize
 from tests.conftest import lock_entry
 from tests.unit.test_debs import pinned
-from tests.unit.test_lock import LOCK_TEXT
+from tests.unit.test_lock import CU130_LOCK_TEXT, LOCK_TEXT
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 NUMPY = lock_entry("numpy", "2.4.6", "c" * 64)
@@ -30,7 +30,12 @@ def grid(matrix_file: Path, wheels: TorchWheels) -> Matrix:
         directory = cell.directory
         directory.mkdir(parents=True)
         (directory / lock.STACK_LOCK).write_text(
-            LOCK_TEXT.replace("torch==2.9.1", f"torch=={cell.torch.version}") + NUMPY
+            (
+                CU130_LOCK_TEXT
+                if cell.torch.cuda_toolkit
+                else LOCK_TEXT.replace("torch==2.9.1", f"torch=={cell.torch.version}")
+            )
+            + NUMPY
         )
         (directory / debian.DEBIAN_LOCK).write_text(DEBIAN.text(debian.fingerprint(cell)))
         if cell.flavor == "devel":
@@ -38,7 +43,7 @@ def grid(matrix_file: Path, wheels: TorchWheels) -> Matrix:
     return grid
 
 
-@pytest.mark.parametrize("name", ["2.9.1-cu12.8-bookworm-runtime", "2.9.1-cu12.8-bookworm-devel"])
+@pytest.mark.parametrize("name", ["2.13.0-cu13.0-bookworm-runtime", "2.13.0-cu13.0-bookworm-devel"])
 def test_rendered_dockerfile_matches_the_golden_file(grid: Matrix, name: str) -> None:
     text = render.rendered(inputs.read(grid.cell(name), grid), grid)[grid.cell(name).directory / "Dockerfile"]
     golden = GOLDEN / f"{name}.Dockerfile"
@@ -54,8 +59,8 @@ def test_every_generated_file_says_it_is_generated(grid: Matrix) -> None:
 
 
 def test_layers_are_shared_by_cells_that_differ_only_in_flavor(grid: Matrix) -> None:
-    runtime = render.rendered(inputs.read(grid.cell("2.9.1-cu12.8-bookworm-runtime"), grid), grid)
-    devel = render.rendered(inputs.read(grid.cell("2.9.1-cu12.8-bookworm-devel"), grid), grid)
+    runtime = render.rendered(inputs.read(grid.cell("2.13.0-cu13.0-bookworm-runtime"), grid), grid)
+    devel = render.rendered(inputs.read(grid.cell("2.13.0-cu13.0-bookworm-devel"), grid), grid)
     runtime_lines = next(iter(runtime.values())).split("# ---- flavor")[0].splitlines()[4:]
     devel_lines = next(iter(devel.values())).split("# ---- flavor")[0].splitlines()[4:]
     strip = [line.replace("devel", "runtime") for line in devel_lines]
@@ -82,30 +87,31 @@ def test_render_without_a_lock_says_to_lock_first(grid: Matrix) -> None:
 
 
 def test_trtllm_flavor_renders_its_system_packages_lock_and_cuda_home(matrix_file: Path, wheels: TorchWheels) -> None:
-    from tests.unit.test_trtllm import RELEASES
+    from tests.unit.test_trtllm import RELEASES, with_cuda13_index
 
-    wheels.table["pypi"]["2.7.1"] = dataclasses.replace(wheels.table["pypi"]["2.6.0"], version="2.7.1")
+    with_cuda13_index(matrix_file, wheels)
     text = matrix_file.read_text().replace('python: "3.11"', 'python: "3.12"')
-    matrix_file.write_text(text + 'include:\n  - {torch: "2.7.1", base: bookworm, flavor: trtllm, trtllm: "1.0.0"}\n')
+    entry = '{torch: "2.9.1", base: bookworm, flavor: trtllm, trtllm: "1.2.1", index: cu130}'
+    matrix_file.write_text(text + f"include:\n  - {entry}\n")
     grid = load_matrix(matrix_file, wheels, RELEASES)
-    cell = grid.cell("2.7.1-cu12.4-bookworm-trtllm1.0.0")
+    cell = grid.cell("2.9.1-cu13.0-bookworm-trtllm1.2.1")
     cell.directory.mkdir(parents=True)
-    (cell.directory / lock.STACK_LOCK).write_text(LOCK_TEXT.replace("torch==2.9.1", "torch==2.7.1"))
+    (cell.directory / lock.STACK_LOCK).write_text(LOCK_TEXT)
     (cell.directory / debian.DEBIAN_LOCK).write_text(
         pinned(("gcc=4:12.2.0-3",), ("openmpi-bin=4.1.4-3+b1",)).text(debian.fingerprint(cell))
     )
-    (cell.directory / lock.FLAVOR_LOCK).write_text(lock_entry("tensorrt-llm", "1.0.0", "e" * 64))
+    (cell.directory / lock.FLAVOR_LOCK).write_text(lock_entry("tensorrt-llm", "1.2.1", "e" * 64))
     dockerfile = render.rendered(inputs.read(cell, grid), grid)[cell.directory / "Dockerfile"]
     flavor_part = dockerfile.split("# ---- flavor trtllm")[1].split("# ---- self-test")[0]
     for expected in ("openmpi-bin=4.1.4-3+b1", "libpython3-dev", "/opt/torch-images/flavor.lock", "CUDA_HOME"):
         assert expected in flavor_part, expected
-    assert 'io.torch-images.tensorrt-llm="1.0.0"' in dockerfile
+    assert 'io.torch-images.tensorrt-llm="1.2.1"' in dockerfile
 
 
 def test_moving_one_package_changes_only_its_layers_step_and_the_lock_record(grid: Matrix) -> None:
     # Each torch-stack step names only its own part of the lock (by sha256), so the engine's cache
     # key of every other step stays: a fix to numpy rebuilds one package layer, not the stack.
-    cell = grid.cell("2.9.1-cu12.8-bookworm-runtime")
+    cell = grid.cell("2.13.0-cu13.0-bookworm-runtime")
     read = inputs.read(cell, grid)
     original = read.stack
     assert original is not None
@@ -133,7 +139,7 @@ def test_moving_one_package_changes_only_its_layers_step_and_the_lock_record(gri
 
 
 def test_each_layer_lock_holds_exactly_its_groups_entries(grid: Matrix) -> None:
-    locks = inputs.read(grid.cell("2.9.1-cu12.8-bookworm-runtime"), grid)
+    locks = inputs.read(grid.cell("2.13.0-cu13.0-bookworm-runtime"), grid)
     assert locks.stack is not None
     layers = dict(locks.stack_layers)
     assert sorted(name for part in layers.values() for name in part.packages) == sorted(locks.stack.packages)

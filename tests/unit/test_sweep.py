@@ -42,7 +42,7 @@ def test_a_record_that_is_not_one_is_one_line_naming_the_file(tmp_path: Path, te
 def test_the_table_lists_every_cell_swept_or_not_with_its_checks() -> None:
     grid = matrix.load_matrix(paths.PACKAGE.parent / "matrix.yaml")
     text = sweep.table(grid, {ROW.cell: ROW})
-    rows = [line for line in text.splitlines() if line.startswith("| 2.")]
+    rows = [line for line in text.split("## Rejected")[0].splitlines() if line.startswith("| 2.")]
     assert len(rows) == len(grid.cells)
     flagship = next(line for line in rows if line.startswith(f"| {ROW.cell} |"))
     assert "af245e4ecc8c" in flagship and "pass, 12/14" in flagship and "178 s" in flagship
@@ -62,3 +62,21 @@ def test_a_row_swept_from_another_dockerfile_than_the_checkouts_is_marked_stale(
     path = tmp_path / "sweep.json"
     path.write_text(json.dumps({ROW.cell: older}))
     assert sweep.read_record(path)[ROW.cell].dockerfile == ""
+
+
+def test_a_long_failure_keeps_its_last_lines_where_the_step_says_what_went_wrong() -> None:
+    error = "The command '/bin/sh -c " + "x" * 600 + "' returned a non-zero code: 1 (link-cuda-home: no nvcc under /v)"
+    kept = sweep._shortened(error)
+    assert len(kept) <= 300 and kept.startswith("The command") and kept.endswith("no nvcc under /v)")
+
+
+def test_the_table_lists_rejected_combinations_and_cells_swept_before_that_the_matrix_no_longer_has() -> None:
+    grid = matrix.load_matrix(paths.PACKAGE.parent / "matrix.yaml")
+    gone = dataclasses.replace(ROW, cell="2.6.0-cu12.4-bookworm-devel", status="build failed", detail="no nvcc | x")
+    text = sweep.table(grid, {ROW.cell: ROW, gone.cell: gone})
+    rejected = text.split("## Rejected combinations")[1].split("## Swept before")[0]
+    assert all(f"| {r.name} | " in rejected for r in grid.rejected)
+    assert "2.6.0-bookworm-devel | the devel flavor needs nvcc" in rejected
+    former = text.split("## Swept before, no longer built")[1]
+    assert f"| {gone.cell} | af245e4ecc8c | build failed: no nvcc / x |" in former
+    assert gone.cell not in text.split("## Rejected combinations")[0]

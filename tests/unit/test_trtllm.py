@@ -38,6 +38,18 @@ def test_release_facts_come_from_requires_dist_and_classifiers() -> None:
     assert not release.supports_torch("2.10.0") and not release.supports_torch("2.8.0")
 
 
+def with_cuda13_index(matrix_file: Path, wheels: TorchWheels, versions: tuple[str, ...] = ("2.9.1",)) -> None:
+    """An index `cu130` serving torch builds for CUDA 13.0 that pin the per-library CUDA 13 wheels,
+    as PyTorch's cu130 index does for 2.9.x (whose nvidia-cuda-nvcc holds nvcc, unlike CUDA 12's)."""
+    text = matrix_file.read_text().replace(
+        'indexes:\n  pypi: {url: "https://pypi.org/simple"}',
+        'indexes:\n  pypi: {url: "https://pypi.org/simple"}\n  cu130: {url: "https://download.pytorch.org/whl/cu130"}',
+    )
+    matrix_file.write_text(text)
+    fixture = wheels.table["pypi"]["2.9.1"]
+    wheels.table["cu130"] = {v: dataclasses.replace(fixture, version=v, cuda="13.0") for v in versions}
+
+
 def _with_trtllm(matrix_file: Path, entry: str, python: str = "3.12") -> Path:
     text = matrix_file.read_text().replace('python: "3.11"', f'python: "{python}"')
     matrix_file.write_text(text + f"include:\n  - {entry}\n")
@@ -45,12 +57,21 @@ def _with_trtllm(matrix_file: Path, entry: str, python: str = "3.12") -> Path:
 
 
 def test_a_supported_combination_is_a_cell(matrix_file: Path, wheels: TorchWheels) -> None:
-    # The fixture's 2.9.1 is a CUDA 12.8 build, which TensorRT-LLM 1.2.1 (CUDA 13) rejects; 1.0.0
-    # wants torch 2.7.x. So give 1.0.0 a fake 2.7.1 build to pair with.
+    # The fixture's pypi 2.9.1 is a CUDA 12.8 build, which TensorRT-LLM 1.2.1 (CUDA 13) rejects,
+    # and CUDA 12 has no nvcc wheel for the flavor's CUDA_HOME: pair 1.2.1 with a CUDA 13.0 build.
+    with_cuda13_index(matrix_file, wheels)
+    path = _with_trtllm(matrix_file, '{torch: "2.9.1", base: bookworm, flavor: trtllm, trtllm: "1.2.1", index: cu130}')
+    cell = load_matrix(path, wheels, RELEASES).cell("2.9.1-cu13.0-bookworm-trtllm1.2.1")
+    assert cell.trtllm == "1.2.1" and cell.python == "3.12"
+    assert "nvidia-cuda-nvcc~=13.0.0" in lock.flavor_requirements(cell)
+
+
+def test_tensorrt_llm_on_cuda_12_is_rejected_for_want_of_nvcc(matrix_file: Path, wheels: TorchWheels) -> None:
     wheels.table["pypi"]["2.7.1"] = dataclasses.replace(wheels.table["pypi"]["2.6.0"], version="2.7.1")
     path = _with_trtllm(matrix_file, '{torch: "2.7.1", base: bookworm, flavor: trtllm, trtllm: "1.0.0"}')
-    cell = load_matrix(path, wheels, RELEASES).cell("2.7.1-cu12.4-bookworm-trtllm1.0.0")
-    assert cell.trtllm == "1.0.0" and cell.python == "3.12"
+    with pytest.raises(UserError) as caught:
+        load_matrix(path, wheels, RELEASES)
+    assert "this cell cannot work: the trtllm flavor needs nvcc: torch 2.7.1 pins CUDA 12.4's" in caught.value.line()
 
 
 @pytest.mark.parametrize(
@@ -90,7 +111,8 @@ def test_an_unsupported_combination_is_refused_with_the_reason(
 def test_lock_refuses_when_only_the_stub_is_reachable_and_accepts_real_wheels(
     tmp_path: Path, matrix_file: Path, wheels: TorchWheels
 ) -> None:
-    wheels.table["local"] = {"2.7.1": dataclasses.replace(wheels.table["pypi"]["2.6.0"], version="2.7.1")}
+    cuda13 = dataclasses.replace(wheels.table["pypi"]["2.9.1"], cuda="13.0")
+    wheels.table["local"] = {"2.9.1": cuda13}
     links = tmp_path / "trtllm-wheels"
     links.mkdir()
     text = matrix_file.read_text().replace(
@@ -98,14 +120,14 @@ def test_lock_refuses_when_only_the_stub_is_reachable_and_accepts_real_wheels(
         f'indexes:\n  pypi: {{url: "https://pypi.org/simple"}}\n  local: {{find_links: ["{links}"]}}',
     )
     matrix_file.write_text(text)
-    path = _with_trtllm(matrix_file, '{torch: "2.7.1", base: bookworm, flavor: trtllm, trtllm: "1.0.0", index: local}')
+    path = _with_trtllm(matrix_file, '{torch: "2.9.1", base: bookworm, flavor: trtllm, trtllm: "1.2.1", index: local}')
     grid = load_matrix(path, wheels, RELEASES)
-    cell = grid.cell("2.7.1-cu12.4-bookworm-trtllm1.0.0")
+    cell = grid.cell("2.9.1-cu13.0-bookworm-trtllm1.2.1")
     with pytest.raises(UserError) as caught:
         lock.require_real_trtllm_wheels(cell, grid)
-    assert f"no real wheel of tensorrt-llm 1.0.0 in {links}" in caught.value.line()
+    assert f"no real wheel of tensorrt-llm 1.2.1 in {links}" in caught.value.line()
     assert "stub that downloads at install time" in caught.value.line()
-    make_wheel(links, "tensorrt_llm-1.0.0-cp312-cp312-linux_x86_64.whl")
+    make_wheel(links, "tensorrt_llm-1.2.1-cp312-cp312-linux_x86_64.whl")
     lock.require_real_trtllm_wheels(cell, grid)  # a real wheel is there: no error
 
 
@@ -177,14 +199,14 @@ def test_the_table_round_trips_through_its_file(tmp_path: Path) -> None:
 
 
 def test_plan_offers_the_newest_stable_release_and_the_cell_on_it(matrix_file: Path, wheels: TorchWheels) -> None:
-    wheels.table["pypi"]["2.7.1"] = dataclasses.replace(wheels.table["pypi"]["2.6.0"], version="2.7.1")
-    wheels.unread["pypi"] = ["https://download.pytorch.org/whl/cu130"]
-    path = _with_trtllm(matrix_file, '{torch: "2.7.1", base: bookworm, flavor: trtllm, trtllm: "1.0.0"}')
-    grid = load_matrix(path, wheels, RELEASES)
+    with_cuda13_index(matrix_file, wheels, ("2.9.0",))
+    path = _with_trtllm(matrix_file, '{torch: "2.9.0", base: bookworm, flavor: trtllm, trtllm: "1.1.0", index: cu130}')
+    older = trtllm_from_metadata("1.1.0", ["torch<=2.9.0,>=2.9.0a0", "cuda-python>=13"], PYTHON_CLASSIFIERS)
+    grid = load_matrix(path, wheels, {**RELEASES, "1.1.0": older})
     prerelease = trtllm_from_metadata("1.4.0rc1", ["torch<=2.14.0,>=2.14.0a0"], PYTHON_CLASSIFIERS)
-    table = compat.TrtllmTable({**RELEASES, "1.4.0rc1": prerelease})
+    table = compat.TrtllmTable({**RELEASES, "1.1.0": older, "1.4.0rc1": prerelease})
     found = offers.trtllm_offers(grid, table)
     assert found["newest_stable"].startswith("1.2.1 (torch <=2.10.0a0,>=2.9.1, TensorRT ~=10.14.1, CUDA 13")
     assert found["newest_prerelease"].startswith("1.4.0rc1 ")
-    assert found["cells_on_newest_stable"] == [] and found["older_releases_in_matrix"] == ["1.0.0"]
+    assert found["cells_on_newest_stable"] == [] and found["older_releases_in_matrix"] == ["1.1.0"]
     assert "no cell of this matrix is on it" in "\n".join(offers.describe(found))
