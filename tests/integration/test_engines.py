@@ -4,7 +4,7 @@ overlay2) started beside the host's engine, fresh, and stopped by PID afterwards
 The CPU cell is built through the CLI, as a user would, on an empty data root: it must give the
 image ID recorded in images/<cell>/image-id, the same the host's engine gives (the `built`
 fixture). On the containerd store it is also published to a loopback registry and verified from
-the registry alone, and the host's engine rebuilds what it published. The hosted-runner test
+the registry alone (the host's ID on the tag). The hosted-runner test
 (tests/integration/test_ci_runner.py) covers the rest on the containerd store: its cell job
 self-tests the image there, and its rebuild job builds it with BuildKit to the staged image's ID,
 which is the recorded one; neither is done a second time here.
@@ -128,15 +128,8 @@ def test_publish_and_verify_from_docker_29s_containerd_store(
     # Publishing again finds the same image in the registry: nothing is pushed.
     again = _builder(engine29, *arguments, "publish", built.cell.name)
     assert again.returncode == 0 and "unchanged" in again.stdout + again.stderr, again.stdout[-2000:]
-    # The host's engine (Docker 20.10) rebuilds the tag Docker 29 published: the same image ID.
-    reference = f"{registry.host}/torch:{built.cell.tag}"
-    rebuilt = subprocess.run(
-        [sys.executable, "-m", "builder", "verify", "--rebuild", reference],
-        cwd=REPO, capture_output=True, text=True, timeout=1200, check=False,
-    )  # fmt: skip
-    assert rebuilt.returncode == 0, rebuilt.stdout[-3000:] + rebuilt.stderr[-3000:]
-    assert f"rebuilt {reference}: the same image ID {built.image_id}" in rebuilt.stdout
-    built.client.images.remove(f"torch-images/rebuild:{built.cell.name}")
+    # Not rebuilt by the host's engine here: `verify` just found the host's image ID on this tag,
+    # and test_publish.py's `verify --rebuild` builds the host's own tag to that ID (a full build).
 
 
 def test_a_step_linking_a_lower_layers_file_reads_the_same_from_docker_29s_containerd_store(
