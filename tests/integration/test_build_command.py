@@ -6,11 +6,15 @@ returns and sibling calls the house issue also counts are not what this test che
 from __future__ import annotations
 
 import collections
+from pathlib import Path
 
+import docker
 import pytest
 
 from builder import cli
+from builder.engine import ids
 from builder.lock import inputs
+from builder.repro import normalize
 from tests.integration.conftest import BuiltCell
 from tests.support import walk
 
@@ -36,14 +40,40 @@ def test_a_build_reads_and_checks_each_cells_inputs_once(
     assert "unchanged" in output and "self-test pass" in output  # the recorded-ID note did not skip it
 
 
-def test_no_call_of_a_cells_build_goes_back_into_a_file_still_on_its_stack(built: BuiltCell) -> None:
-    code, summary = walk.trace(["--matrix", str(built.grid.path), "--no-cache", "--no-smoke", built.cell.name])
+def _has(built: BuiltCell, reference: str) -> bool:
+    try:
+        built.client.images.get(reference)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
+def test_no_call_of_a_cells_build_goes_back_into_a_file_still_on_its_stack(
+    built: BuiltCell, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The walk is the builder's calls, not the engine's work: the cell's tag is taken off (the image
+    # kept under another), so `build` builds it again, through the engine's cache of the session's
+    # build (every step a cache hit), and its canonical pass runs in full: the record of raw images
+    # already normalized is an empty one, so the pass does not take the session's image for it.
+    monkeypatch.setattr(normalize, "_mapping_file", lambda: tmp_path / "normalized.json")
+    keep = "torch-images/test:walk-keep"
+    built.client.images.get(built.reference).tag(keep)
+    built.client.api.remove_image(built.reference, noprune=True)
+    try:
+        code, summary = walk.trace(["--matrix", str(built.grid.path), "--no-smoke", built.cell.name])
+    finally:
+        rebuilt = ids.config_digest(built.client, built.reference) if _has(built, built.reference) else ""
+        if not rebuilt:  # a failed build: the session's image back under its tag, for the other tests
+            built.client.images.get(keep).tag(built.reference)
+        built.client.api.remove_image(keep, noprune=True)
     assert code == 0
+    assert rebuilt == built.image_id
     # The whole build was traced: from the base through the engine to the canonical pass.
     assert {
         "assemble/build.py:cell_base",
         "assemble/backends.py:classic_build",
         "repro/normalize.py:normalize_image",
+        "engine/canonical.py:write_layer",  # the canonical pass in full, not a known image taken
     } <= set(summary["walk"]), summary["walk"]
     assert summary["climbs"] == [], summary["climbs"]
     # Rooms (stage folders): only the progress line the command handed down is called back, once
