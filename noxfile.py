@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -140,8 +142,40 @@ def tests(session: nox.Session) -> None:
         session.run("python", "-m", "builder", "--matrix", matrix, "lock", "--check")
     # The slowest tests, in every log: where the suite's minutes go. Test files or folders named
     # after `--` are run alone, not added to the whole suite.
-    whole = [] if any(_names_tests(arg) for arg in session.posargs) else ["tests"]
-    session.run("pytest", *whole, "--durations=25", *session.posargs, env={"PYTHONUNBUFFERED": "1"})
+    if any(_names_tests(arg) for arg in session.posargs):
+        session.run("pytest", "--durations=25", *session.posargs, env={"PYTHONUNBUFFERED": "1"})
+    elif _excludes_integration(session.posargs):
+        session.run("pytest", "tests", "--durations=25", *session.posargs, env={"PYTHONUNBUFFERED": "1"})
+    else:
+        _run_parts_side_by_side(session, ["tests", "--durations=25", *session.posargs])
+
+
+BESIDE_LOG = Path(".nox") / "tests-beside.log"
+
+
+def _run_parts_side_by_side(session: nox.Session, arguments: list[str]) -> None:
+    """The whole suite as its two parts at once (tests/support/parts.py): the host's integration
+    tests here, the rest in a second pytest whose output goes to BESIDE_LOG and is printed after.
+    Both run to their end; the session fails if either failed."""
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1", "PATH": f"{session.bin}:{os.environ.get('PATH', '')}"}
+    session.log(f"the unit tests and those marked `beside` run meanwhile; their output: {BESIDE_LOG}")
+    with BESIDE_LOG.open("w") as log:
+        beside = subprocess.Popen(
+            [str(Path(session.bin) / "pytest"), *arguments],
+            env={**environment, "TORCH_IMAGES_TESTS_PART": "beside"},
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            host_code = subprocess.run([str(Path(session.bin) / "pytest"), *arguments],
+                                       env={**environment, "TORCH_IMAGES_TESTS_PART": "host"}).returncode  # fmt: skip
+        finally:
+            beside_code = beside.wait()
+    print(BESIDE_LOG.read_text(), flush=True)
+    codes = {"host": host_code, "beside": beside_code}
+    # 5: pytest selected none of that part's tests (`-m network` has no host part), not a failure.
+    failed = [part for part, code in codes.items() if code not in (0, 5)]
+    if failed or set(codes.values()) == {5}:
+        session.error(f"pytest exit status by part: {codes}")
 
 
 def _names_tests(argument: str) -> bool:

@@ -10,7 +10,8 @@ no network, so nothing reaches the bridge). Not `--bridge none`: with it, docker
 host's `docker0`, the first engine's bridge, as it starts (measured: the first engine's containers
 on the default network then fail with "could not find bridge docker0"). `store` picks the image
 store: "containerd" (Docker 29's default on a fresh data root) or "overlay2" (the graph-driver
-store an upgraded host keeps).
+store an upgraded host keeps). `name` lets two engines of one store run side by side (the
+hosted-runner test's beside the engine tests'): each name has its own data root, sockets and bridge.
 
 Used by the integration tests, the bench and by hand:
     python -m harness.docker29 start containerd   # prints DOCKER_HOST=...
@@ -55,7 +56,11 @@ DEBIAN_STAND_INS = {"/usr/sbin/runc": "runc", "/usr/lib/x86_64-linux-gnu/libnfta
 STORES = ("containerd", "overlay2")
 # Each engine's own bridge: an address from TEST-NET-1 (RFC 5737, never routed), on a bridge no
 # container of the tests uses (builds take the host's network, self-tests none).
-BRIDGES = {"containerd": ("torch29c", "192.0.2.1/29"), "overlay2": ("torch29o", "192.0.2.9/29")}
+BRIDGES = {
+    "containerd": ("torch29c", "192.0.2.1/29"),
+    "overlay2": ("torch29o", "192.0.2.9/29"),
+    "runner": ("torch29r", "192.0.2.17/29"),
+}
 
 
 def cache_root() -> Path:
@@ -106,20 +111,25 @@ class Engine:
     """One Docker 29 engine: where its files live, and how to reach it."""
 
     store: str
+    name: str = ""  # the store's name unless given
+
+    @property
+    def key(self) -> str:
+        return self.name or self.store
 
     @property
     def state(self) -> Path:
         # Under /var/lib: the data root must be on a file system overlayfs accepts, and the
         # socket paths short (108 bytes at most).
-        return Path("/var/lib/torch-images-docker29") / self.store
+        return Path("/var/lib/torch-images-docker29") / self.key
 
     @property
     def run_dir(self) -> Path:
-        return Path("/run/torch-images-docker29") / self.store
+        return Path("/run/torch-images-docker29") / self.key
 
     @property
     def bridge(self) -> tuple[str, str]:
-        return BRIDGES[self.store]
+        return BRIDGES[self.key]
 
     @property
     def docker_host(self) -> str:
@@ -180,11 +190,13 @@ def _answers(engine: Engine) -> bool:
     return False
 
 
-def start(store: str) -> Engine:
+def start(store: str, name: str = "") -> Engine:
     """Start (or find running) Docker 29 with the given image store; returns how to reach it."""
     if store not in STORES:
         raise ValueError(f"store must be one of {STORES}")
-    engine = Engine(store)
+    engine = Engine(store, name)
+    if engine.key not in BRIDGES:
+        raise ValueError(f"name must be one of {sorted(BRIDGES)}")
     if _answers(engine):
         return engine
     root = unpacked()
@@ -236,7 +248,7 @@ def start(store: str) -> Engine:
         if _answers(engine):
             return engine
         time.sleep(1)
-    raise RuntimeError(f"Docker 29 ({store}) did not answer within 90 s; see {engine.state / 'engine.log'}")
+    raise RuntimeError(f"Docker 29 ({engine.key}) did not answer within 90 s; see {engine.state / 'engine.log'}")
 
 
 def _ensure_bridge(engine: Engine) -> None:
@@ -246,9 +258,9 @@ def _ensure_bridge(engine: Engine) -> None:
         subprocess.run(["ip", "addr", "add", address, "dev", name], check=True)
 
 
-def stop(store: str) -> None:
+def stop(store: str, name: str = "") -> None:
     """Stop dockerd, then containerd, by PID; unmount what dockerd leaves under its exec root."""
-    engine = Engine(store)
+    engine = Engine(store, name)
     for name in ("docker.pid", "containerd.pid"):
         pid = _pid(engine.run_dir / name)
         if pid is None:
@@ -271,25 +283,25 @@ def stop(store: str) -> None:
     subprocess.run(["ip", "link", "delete", engine.bridge[0]], check=False, capture_output=True)
 
 
-def remove(store: str) -> None:
+def remove(store: str, name: str = "") -> None:
     """Stop the engine and delete its data root: the next start is a fresh install."""
-    stop(store)
-    engine = Engine(store)
+    stop(store, name)
+    engine = Engine(store, name)
     shutil.rmtree(engine.state, ignore_errors=True)
     shutil.rmtree(engine.run_dir, ignore_errors=True)
 
 
 @contextlib.contextmanager
-def running(store: str, fresh: bool = False) -> Iterator[Engine]:
+def running(store: str, fresh: bool = False, name: str = "") -> Iterator[Engine]:
     """A Docker 29 engine for the block's length: stopped (by PID) after it if this started it."""
-    engine = Engine(store)
+    engine = Engine(store, name)
     was_running = _answers(engine)
     if fresh:
-        remove(store)
+        remove(store, name)
         was_running = False
-    yield start(store)
+    yield start(store, name)
     if not was_running:
-        stop(store)
+        stop(store, name)
 
 
 def main(argv: list[str]) -> int:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from builder.facts.compat import TorchBuild, TorchWheels, build_from_metadata
 from builder.facts.pypi import WheelFile
+from tests.support import parts
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -19,6 +21,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="the cell of ./matrix.yaml the integration tests build and check (default: the CPU cell where "
         "its torch wheel directory exists, else the flagship); a CUDA cell runs the CUDA checks too",
     )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep only this process's part of the suite when TORCH_IMAGES_TESTS_PART names one."""
+    wanted = os.environ.get(parts.VARIABLE)
+    if not wanted:
+        return
+    if wanted not in parts.PARTS:
+        raise pytest.UsageError(f"{parts.VARIABLE}={wanted!r}: write one of {', '.join(parts.PARTS)}, or unset it")
+    kept = [item for item in items if parts.part_of(mark.name for mark in item.iter_markers()) == wanted]
+    config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+    items[:] = kept
 
 
 def lock_entry(name: str, version: str, *hashes: str) -> str:

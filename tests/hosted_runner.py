@@ -9,6 +9,11 @@ may not lower `user.max_user_namespaces`, so the steps run under a seccomp filte
 CLONE_NEWUSER to unshare() and clone(), and makes clone3() answer ENOSYS so that libc falls
 back to clone(), as Docker's default seccomp profile does. The effect for the steps is the same:
 `unshare --user` and mmdebstrap's unshare mode fail; sudo, as on the runner, still works.
+
+The steps see the host's packages through a mount namespace of their own, with an overlay over
+each place a package manager writes (PACKAGE_STATE): a package the test removes there, and what a
+step then installs with `sudo apt-get`, are the runner's alone. The host's packages stay as they
+were, so tests on the host may run meanwhile.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import platform
 import pwd
 import re
 import shlex
+import shutil
 import struct
 import subprocess
 from collections.abc import Callable
@@ -33,6 +39,12 @@ AUDIT_ARCH_X86_64 = 0xC000003E
 NR_CLONE, NR_UNSHARE, NR_CLONE3 = 56, 272, 435  # x86-64
 CLONE_NEWUSER = 0x10000000
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+# Where dpkg and apt write: the runner's steps see these through overlays of their own.
+PACKAGE_STATE = ("/usr", "/etc", "/var/lib/dpkg", "/var/lib/apt", "/var/cache/apt", "/var/log")
+# The runner's own view of the host: its mount namespace (a bind of the nsfs file) and the
+# overlays' upper and work folders. On disk, not on tmpfs (a package may be large), and under none
+# of PACKAGE_STATE.
+VIEW = Path("/var/tmp/torch-images-runner")
 
 
 def _instruction(code: int, jt: int, jf: int, k: int) -> bytes:
@@ -97,6 +109,10 @@ class Runner:
     def workspace(self) -> Path:
         return self.home / "work"
 
+    @property
+    def namespace(self) -> Path:
+        return VIEW / "mnt"
+
     def create(self) -> None:
         try:
             pwd.getpwnam(self.user)
@@ -106,8 +122,37 @@ class Runner:
         sudoers = Path(f"/etc/sudoers.d/{self.user}")
         sudoers.write_text(f"{self.user} ALL=(ALL) NOPASSWD:ALL\n")
         sudoers.chmod(0o440)
+        self._make_view()  # after the user and sudoers entry: the view's /etc starts from them
+
+    def _make_view(self) -> None:
+        """A mount namespace whose PACKAGE_STATE are overlays on the host's, kept by a bind of its
+        nsfs file so that each step can enter it."""
+        self._drop_view()
+        VIEW.mkdir(parents=True)
+        self.namespace.touch()
+        # unshare binds the namespace onto a file only on a mount that does not propagate.
+        subprocess.run(["mount", "--bind", str(self.namespace), str(self.namespace)], check=True)
+        subprocess.run(["mount", "--make-private", str(self.namespace)], check=True)
+        subprocess.run(["unshare", f"--mount={self.namespace}", "--propagation", "private", "true"], check=True)
+        for lower in PACKAGE_STATE:
+            upper, work = (VIEW / part / lower.strip("/").replace("/", "-") for part in ("upper", "work"))
+            upper.mkdir(parents=True)
+            work.mkdir(parents=True)
+            options = f"lowerdir={lower},upperdir={upper},workdir={work}"
+            self.as_root(["mount", "-t", "overlay", "overlay", "-o", options, lower])
+
+    def _drop_view(self) -> None:
+        for _ in range(2):  # the nsfs bind, then the file's bind onto itself
+            subprocess.run(["umount", str(self.namespace)], check=False, capture_output=True)
+        shutil.rmtree(VIEW, ignore_errors=True)
+
+    def as_root(self, command: list[str]) -> subprocess.CompletedProcess[str]:
+        """A command as root in the runner's view of the host (the packages it sees)."""
+        entered = ["nsenter", f"--mount={self.namespace}", *command]
+        return subprocess.run(entered, check=True, capture_output=True, text=True)
 
     def remove(self) -> None:
+        self._drop_view()
         Path(f"/etc/sudoers.d/{self.user}").unlink(missing_ok=True)
         subprocess.run(["userdel", "--remove", self.user], check=False, capture_output=True)
 
@@ -148,7 +193,9 @@ class Runner:
             **self.env,
             **step_env,
         }
-        command = ["runuser", "-u", self.user, "--", "env", "-i",
+        # nsenter into a mount namespace starts at / unless told where: the workspace, as on the runner.
+        entered = ["nsenter", f"--mount={self.namespace}", f"--wd={self.workspace}"]
+        command = [*entered, "runuser", "-u", self.user, "--", "env", "-i",
                    *(f"{k}={v}" for k, v in environment.items()),
                    "bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script]  # fmt: skip
         log(f"$ {script}")

@@ -35,7 +35,6 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from securesystemslib.signer import SSlibKey
 
-from builder.engine import daemon
 from builder.oci.registry import Registry
 from builder.plan import matrix
 from builder.publish import provenance, publish, staging, verify
@@ -43,7 +42,7 @@ from builder.render import ci
 from harness import docker29
 from tests import hosted_runner
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.beside]
 
 REPO = Path(__file__).resolve().parents[2]
 CELL = "2.13.0-cpu-bookworm-runtime"
@@ -58,24 +57,25 @@ NOT_TRIED = {
 }
 
 
-@contextlib.contextmanager
-def without_mmdebstrap() -> Iterator[None]:
-    """A host without mmdebstrap, as a hosted runner is: the workflow must install it."""
-    subprocess.run(["apt-get", "remove", "-y", "-q", "mmdebstrap"], check=True, capture_output=True)
-    try:
-        yield
-    finally:
-        if shutil.which("mmdebstrap") is None:
-            daemon.apt_install(["mmdebstrap"])
+def _mmdebstrap_in_view(runner: hosted_runner.Runner) -> bool:
+    return runner.as_root(["sh", "-c", "command -v mmdebstrap || true"]).stdout.strip() != ""
+
+
+def _without_mmdebstrap(runner: hosted_runner.Runner) -> None:
+    """A host without mmdebstrap, as a hosted runner is: the workflow must install it. Removed in
+    the runner's view of the host only: the host keeps its own."""
+    runner.as_root(["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "remove", "-y", "-q", "mmdebstrap"])
+    assert not _mmdebstrap_in_view(runner)
 
 
 @pytest.fixture
 def engine29() -> Iterator[docker29.Engine]:
     """Docker 29 with its containerd image store, as GitHub's ubuntu-24.04 runners now have it
-    (actions/runner-images#14105), on a fresh data root: a hosted runner's engine starts empty."""
-    with docker29.running("containerd", fresh=True) as engine:
+    (actions/runner-images#14105), on a fresh data root: a hosted runner's engine starts empty.
+    An engine of its own (named "runner"), so the engine tests' Docker 29 may run meanwhile."""
+    with docker29.running("containerd", fresh=True, name="runner") as engine:
         yield engine
-    docker29.remove("containerd")  # its data root: several GB
+    docker29.remove("containerd", name="runner")  # its data root: several GB
 
 
 def _runner_cli(runner: hosted_runner.Runner) -> Path:
@@ -157,11 +157,11 @@ def test_the_emitted_github_workflow_runs_as_a_hosted_runner_from_install_to_pro
             capture_output=True, preexec_fn=hosted_runner.refuse_user_namespaces,
         )  # fmt: skip
         assert refused.returncode != 0, "the runner's user must not be able to create user namespaces"
-        with without_mmdebstrap():
-            not_tried = _run_job(workflow["jobs"]["cell"], runner, context, log)
-            not_tried += _run_job(workflow["jobs"]["rebuild"], runner, context, log)
-            not_tried += _run_job(workflow["jobs"]["promote"], runner, context, log)
-            assert shutil.which("mmdebstrap") is not None  # the job installed it, through sudo
+        _without_mmdebstrap(runner)
+        not_tried = _run_job(workflow["jobs"]["cell"], runner, context, log)
+        not_tried += _run_job(workflow["jobs"]["rebuild"], runner, context, log)
+        not_tried += _run_job(workflow["jobs"]["promote"], runner, context, log)
+        assert _mmdebstrap_in_view(runner)  # the job installed it, through sudo
     finally:
         with capsys.disabled():
             print("\n".join(log)[-8000:])
