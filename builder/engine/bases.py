@@ -95,11 +95,19 @@ def bootstrap_locked(
         report(f"bootstrapping {base.distro} {base.suite} ({base.arch}) from its {len(packages.names)} locked packages")
         _run_locked_bootstrap(base, packages, epoch, rootfs)
         _load_rootfs(engine, base, epoch, rootfs, tag)
-        partial = cached.with_suffix(".partial")
+        partial = _partial_beside(cached)
         shutil.copyfile(rootfs, partial)
         partial.replace(cached)
     report(f"loaded {tag}")
     return tag
+
+
+def _partial_beside(cached: Path) -> Path:
+    """A file of its own next to `cached`, to write and then rename onto it: two builders that
+    fill the same cache entry at once (two test processes, two cells) never write one file."""
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=cached.parent, delete=False, prefix=".part-") as part:
+        return Path(part.name)
 
 
 def cached_rootfs(tag: str) -> Path:
@@ -284,11 +292,11 @@ def keyring_file(keyring: KeyringSpec, scratch: Path) -> Path:
     pinned sha256 (the mirror is then checked with it)."""
     cached = paths.cache_dir("keyrings") / keyring.sha256 / Path(keyring.deb).name
     if not cached.exists() or digests.sha256_file(cached) != keyring.sha256:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        partial = cached.with_suffix(".partial")
+        partial = _partial_beside(cached)
         try:
             downloads.download(keyring.deb, partial, timeout=60)
         except OSError as error:
+            partial.unlink(missing_ok=True)
             raise UserError(f"could not fetch the keyring {keyring.deb} ({getattr(error, 'reason', error)})") from None
         actual = digests.sha256_file(partial)
         if actual != keyring.sha256:

@@ -131,7 +131,7 @@ def _remembered(level: int, diff_id: str, path: Path | None = None) -> Blob | No
 def _remember(level: int, diff_id: str, blob: Blob, path: Path | None = None) -> None:
     path = path or _cache_file(level, diff_id)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".tmp")
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")  # two processes at once never share one
     temporary.write_text(json.dumps({"digest": blob.digest, "size": blob.size}))
     os.replace(temporary, path)
 

@@ -68,7 +68,7 @@ def _remember(raw_id: str, normalized_id: str) -> None:
     path = _mapping_file()
     mapping = json.loads(path.read_text()) if path.exists() else {}
     mapping[raw_id] = normalized_id
-    temporary = path.with_suffix(".tmp")
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")  # two processes at once never share one
     temporary.write_text(json.dumps(mapping, indent=1))
     os.replace(temporary, path)
 

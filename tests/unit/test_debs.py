@@ -153,3 +153,27 @@ def test_a_hook_is_mmdebstraps_own_folder_and_a_missing_one_is_one_clear_error(
     assert "merged-usr is missing" in caught.value.line() and "mmdebstrap" in caught.value.line()
     (tmp_path / "merged-usr").mkdir()
     assert bases.hook_options(base) == [f"--hook-dir={tmp_path / 'merged-usr'}"]
+
+
+def test_each_keyring_fetch_writes_a_partial_file_of_its_own_and_leaves_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two builders filling one cache entry at once (the suite's two parts, two cells) must not
+    write one partial file: each downloads beside the entry under a name of its own, then renames
+    it onto the entry, or removes it when its sha256 is wrong."""
+    monkeypatch.setenv("TORCH_IMAGES_CACHE", str(tmp_path / "cache"))
+    written: list[Path] = []
+
+    def download(url: str, destination: Path, timeout: int) -> None:
+        written.append(destination)
+        destination.write_bytes(b"not the pinned package")
+
+    monkeypatch.setattr(bases.downloads, "download", download)
+    keyring = next(c.base for c in load_matrix(REPO / "matrix.yaml").cells if c.base.name == "noble").keyring
+    assert keyring is not None
+    for _ in range(2):
+        with pytest.raises(UserError, match="nothing bootstrapped"):
+            bases.keyring_file(keyring, tmp_path)
+    first, second = written
+    assert first != second and first.parent == second.parent
+    assert first.parent.name == keyring.sha256 and list(first.parent.iterdir()) == []
