@@ -90,11 +90,17 @@ def run_selftest(
     engine: docker.DockerClient, image_id: str, extra: list[str], gpus: bool, environment: dict[str, str] | None = None
 ) -> tuple[int, str, str]:
     """The self-test in a fresh container of the image, as every caller runs it: no network,
-    1 GiB of /dev/shm, every GPU where asked. Returns its exit status, stdout and stderr."""
+    1 GiB of /dev/shm, every GPU where asked. Returns its exit status, stdout and stderr.
+
+    The engine's init (tini) is PID 1, the self-test its child: under qemu a crashing process
+    dies by sending itself the signal, which the kernel drops for a namespace's PID 1, so a
+    self-test that crashed there as PID 1 waited forever instead of exiting (measured: an arm64
+    CUDA image's segfault hung its sweep)."""
     container = engine.containers.run(
         image_id,
         [*SELFTEST_COMMAND, *extra],
         detach=True,
+        init=True,
         network_mode="none",
         shm_size="1g",
         environment=environment or {},
