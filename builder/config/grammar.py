@@ -69,6 +69,8 @@ DEBIAN_PIN = Grammar(
     r"[a-z0-9][a-z0-9+.-]+=([0-9]+:)?[0-9][A-Za-z0-9.+~-]*", "package=version, such as libc6-dev=2.36-9+deb12u14"
 )
 DEBIAN_VERSION = Grammar(r"([0-9]+:)?[0-9][A-Za-z0-9.+~-]*", "a Debian version such as 0.4.1-6")
+# A program's file name in a package's usr/bin (no folder).
+PROGRAM_NAME = Grammar(r"[A-Za-z0-9][A-Za-z0-9+._-]{0,63}", "a program's file name such as soci or qemu-x86_64")
 DEBIAN_ARCHITECTURE = Grammar(r"amd64|arm64", 'a Debian architecture: "amd64" or "arm64"')
 # A .deb's path in a Debian or Ubuntu archive, as its Packages index names it (Filename:).
 DEBIAN_POOL_PATH = Grammar(

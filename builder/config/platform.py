@@ -25,7 +25,7 @@ class Platform:
 
     @property
     def qemu(self) -> str:
-        """qemu-user-static's binfmt entry for this architecture (qemu-aarch64)."""
+        """qemu's program for this architecture (qemu-aarch64), as binfmt_misc runs it."""
         return f"qemu-{self.wheel}"
 
 

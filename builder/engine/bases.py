@@ -25,9 +25,9 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from builder import digests, downloads, paths
+from builder import paths
 from builder.config.schema import KeyringSpec
-from builder.engine import archive, canonical, emulation, ids, privilege
+from builder.engine import archive, canonical, debfile, emulation, ids, privilege
 from builder.errors import UserError
 from builder.plan.cell import BaseImage
 from builder.progress import Report
@@ -95,19 +95,11 @@ def bootstrap_locked(
         report(f"bootstrapping {base.distro} {base.suite} ({base.arch}) from its {len(packages.names)} locked packages")
         _run_locked_bootstrap(base, packages, epoch, rootfs)
         _load_rootfs(engine, base, epoch, rootfs, tag)
-        partial = _partial_beside(cached)
+        partial = debfile.partial_beside(cached)
         shutil.copyfile(rootfs, partial)
         partial.replace(cached)
     report(f"loaded {tag}")
     return tag
-
-
-def _partial_beside(cached: Path) -> Path:
-    """A file of its own next to `cached`, to write and then rename onto it: two builders that
-    fill the same cache entry at once (two test processes, two cells) never write one file."""
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=cached.parent, delete=False, prefix=".part-") as part:
-        return Path(part.name)
 
 
 def cached_rootfs(tag: str) -> Path:
@@ -291,20 +283,7 @@ def keyring_file(keyring: KeyringSpec, scratch: Path) -> Path:
     """The keyring file from its .deb, fetched once into the cache and checked against its
     pinned sha256 (the mirror is then checked with it)."""
     cached = paths.cache_dir("keyrings") / keyring.sha256 / Path(keyring.deb).name
-    if not cached.exists() or digests.sha256_file(cached) != keyring.sha256:
-        partial = _partial_beside(cached)
-        try:
-            downloads.download(keyring.deb, partial, timeout=60)
-        except OSError as error:
-            partial.unlink(missing_ok=True)
-            raise UserError(f"could not fetch the keyring {keyring.deb} ({getattr(error, 'reason', error)})") from None
-        actual = digests.sha256_file(partial)
-        if actual != keyring.sha256:
-            partial.unlink()
-            raise UserError(
-                f"{keyring.deb} has sha256 {actual}, the matrix pins {keyring.sha256}; nothing bootstrapped"
-            )
-        partial.replace(cached)
+    debfile.fetch(str(keyring.deb), keyring.sha256, cached, "the matrix")
     unpacked = scratch / "keyring"
     subprocess.run(["dpkg-deb", "-x", str(cached), str(unpacked)], check=True, capture_output=True)
     found = unpacked / keyring.file

@@ -9,36 +9,18 @@ has no Ubuntu 24.04 package at all."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Annotated
 
-from builder import paths
-from builder.config import grammar, validated, yamlsource
 from builder.config import platform as platforms
+from builder.config import tools as tool_specs
+from builder.engine import debfile
 from builder.errors import UserError
 from builder.wheelhouse import wheelhouse
 from builder.wheelhouse.fileref import FileRef
 
-TOOLS_FILE = paths.DATA / "tools.yaml"
-
-
-class DebSpec(validated.Strict):
-    path: Annotated[str, validated.field(grammar.DEBIAN_POOL_PATH)]
-    sha256: Annotated[str, validated.field(grammar.SHA256)]
-
-
-class ToolSpec(validated.Strict):
-    version: Annotated[str, validated.field(grammar.DEBIAN_VERSION)]
-    binaries: list[Annotated[str, validated.field(grammar.DEBIAN_PACKAGE)]]
-    debs: dict[Annotated[str, validated.field(grammar.DEBIAN_ARCHITECTURE)], DebSpec]
-
-
-class ToolsFile(validated.Strict):
-    mirror: Annotated[str, validated.field(grammar.URL)]
-    tools: dict[Annotated[str, validated.field(grammar.DEBIAN_PACKAGE)], ToolSpec]
+TOOLS_FILE = tool_specs.TOOLS_FILE
 
 
 @dataclass(frozen=True)
@@ -55,9 +37,8 @@ class Package:
 
 
 @cache
-def load(path: Path = TOOLS_FILE) -> dict[str, Package]:
-    data, source = yamlsource.load(path, "data/tools.yaml ships with the builder")
-    spec = validated.validate(ToolsFile, data, source, "tools")
+def load(path: Path = tool_specs.TOOLS_FILE) -> dict[str, Package]:
+    spec = tool_specs.spec(path)
     mirror = spec.mirror.rstrip("/")
     return {
         name: Package(
@@ -75,16 +56,7 @@ def load(path: Path = TOOLS_FILE) -> dict[str, Package]:
 
 def unpacked(package: Package, ref: FileRef, deb: Path) -> Path:
     """The package's files, unpacked once from its checked .deb into the cache; their root."""
-    root = paths.cache_dir("tools") / f"{package.name}-{package.version}-{ref.sha256[:12]}"
-    if not (root / ".unpacked").is_file():
-        if shutil.which("dpkg-deb") is None:
-            raise UserError(f"unpacking {deb.name} needs dpkg-deb (Debian's and Ubuntu's dpkg package)")
-        shutil.rmtree(root, ignore_errors=True)
-        done = subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], capture_output=True, check=False)
-        if done.returncode != 0:
-            raise UserError(f"dpkg-deb could not unpack {deb.name}: {done.stderr.decode(errors='replace')[-200:]}")
-        (root / ".unpacked").write_text(package.version + "\n")
-    return root
+    return debfile.unpacked(deb, debfile.tool_root(package.name, package.version, ref.sha256), package.version)
 
 
 def binary(name: str, package_name: str, house: wheelhouse.Wheelhouse | None = None) -> str:

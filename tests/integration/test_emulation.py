@@ -28,7 +28,7 @@ def test_an_arm64_base_bootstraps_under_emulation_and_its_config_says_arm64(clie
     arm64 = dataclasses.replace(bookworm, name="bookworm-test", arch="arm64")
     said: list[str] = []
     image_id = bases.bootstrap(client, arm64, grid.spec.source_date_epoch, said.append)
-    assert emulation.registered("arm64")
+    assert emulation.registered("arm64", emulation.qemu_root())  # the qemu data/tools.yaml pins
     image = client.images.get(image_id)
     assert (image.attrs["Architecture"], image.attrs.get("Variant"), image.attrs["Os"]) == ("arm64", "v8", "linux")
     assert arm64.local_tag == "torch-images/base:bookworm-test-arm64" and arm64.local_tag in image.tags
@@ -40,8 +40,12 @@ def test_an_arm64_base_bootstraps_under_emulation_and_its_config_says_arm64(clie
 def test_the_engine_command_registers_emulation_for_ci_machines_and_says_so() -> None:
     if emulation.host_architecture() == "arm64":
         pytest.skip("this host is arm64: nothing is emulated")
+    if emulation.entry("arm64").exists():  # unregistered first: the command must register it
+        emulation.entry("arm64").write_text("-1")
     result = subprocess.run(
         [sys.executable, "-m", "builder", "engine", "--emulate", "arm64"], capture_output=True, text=True, cwd=REPO
     )
     assert result.returncode == 0, result.stderr
-    assert "arm64 programs run here (emulated)" in result.stderr and emulation.registered("arm64")
+    assert "registered arm64 emulation: torch-images-qemu-aarch64 runs the qemu of qemu-user-" in result.stderr
+    assert "arm64 programs run here (emulated)" in result.stderr
+    assert emulation.registered("arm64", emulation.qemu_root())

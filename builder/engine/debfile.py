@@ -1,0 +1,62 @@
+"""A Debian package pinned by its sha256, kept in the cache: fetched once and checked, unpacked
+once (`dpkg-deb -x`), never installed. The keyring of an Ubuntu base and the qemu that runs
+another architecture's programs come this way; the tools publish runs, through the wheelhouse
+(builder/wheelhouse/tools.py), unpack the same way."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from builder import digests, downloads, paths
+from builder.errors import UserError
+
+
+def partial_beside(cached: Path) -> Path:
+    """A file of its own next to `cached`, to write and then rename onto it: two builders that
+    fill the same cache entry at once (two test processes, two cells) never write one file."""
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=cached.parent, delete=False, prefix=".part-") as part:
+        return Path(part.name)
+
+
+def fetch(url: str, sha256: str, cached: Path, pinned_by: str) -> Path:
+    """`cached`, downloaded from `url` unless it is there with the sha256 `pinned_by` pins; a
+    download with another sha256 is refused and not kept."""
+    if cached.is_file() and digests.sha256_file(cached) == sha256:
+        return cached
+    partial = partial_beside(cached)
+    try:
+        downloads.download(url, partial, timeout=60)
+    except OSError as error:
+        partial.unlink(missing_ok=True)
+        raise UserError(f"could not fetch {url} ({getattr(error, 'reason', error)})") from None
+    actual = digests.sha256_file(partial)
+    if actual != sha256:
+        partial.unlink()
+        raise UserError(f"{url} has sha256 {actual}, {pinned_by} pins {sha256}; nothing was run from it")
+    partial.replace(cached)
+    return cached
+
+
+def unpacked(deb: Path, root: Path, stamp: str) -> Path:
+    """The package's files under `root`, unpacked once (`stamp` says what is there)."""
+    done = root / ".unpacked"
+    if done.is_file() and done.read_text() == stamp + "\n":
+        return root
+    if shutil.which("dpkg-deb") is None:
+        raise UserError(f"unpacking {deb.name} needs dpkg-deb (Debian's and Ubuntu's dpkg package)")
+    shutil.rmtree(root, ignore_errors=True)
+    result = subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], capture_output=True, check=False)
+    if result.returncode != 0:
+        raise UserError(f"dpkg-deb could not unpack {deb.name}: {result.stderr.decode(errors='replace')[-200:]}")
+    done.write_text(stamp + "\n")
+    return root
+
+
+def tool_root(name: str, version: str, sha256: str) -> Path:
+    """Where a pinned tool's package is unpacked in the cache. No colon (an epoch's) in it:
+    binfmt_misc's register line, which names a path under it, splits on colons."""
+    return paths.cache_dir("tools") / f"{name}-{version.replace(':', '_')}-{sha256[:12]}"
