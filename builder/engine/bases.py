@@ -283,7 +283,7 @@ def keyring_file(keyring: KeyringSpec, scratch: Path) -> Path:
     """The keyring file from its .deb, fetched once into the cache and checked against its
     pinned sha256 (the mirror is then checked with it)."""
     cached = paths.cache_dir("keyrings") / keyring.sha256 / Path(keyring.deb).name
-    debfile.fetch(str(keyring.deb), keyring.sha256, cached, "the matrix")
+    debfile.fetch(str(keyring.deb), keyring.sha256, cached, "the matrix pins")
     unpacked = scratch / "keyring"
     subprocess.run(["dpkg-deb", "-x", str(cached), str(unpacked)], check=True, capture_output=True)
     found = unpacked / keyring.file

@@ -1,7 +1,7 @@
-"""A Debian package pinned by its sha256, kept in the cache: fetched once and checked, unpacked
-once (`dpkg-deb -x`), never installed. The keyring of an Ubuntu base and the qemu that runs
-another architecture's programs come this way; the tools publish runs, through the wheelhouse
-(builder/wheelhouse/tools.py), unpack the same way."""
+"""A file pinned by its sha256, kept in the cache: fetched once and checked; a Debian package
+unpacked once (`dpkg-deb -x`), never installed. The keyring of an Ubuntu base, Debian's Packages
+indexes and the qemu that runs another architecture's programs come this way; the tools publish
+runs, through the wheelhouse (builder/wheelhouse/tools.py), unpack the same way."""
 
 from __future__ import annotations
 
@@ -22,9 +22,10 @@ def partial_beside(cached: Path) -> Path:
         return Path(part.name)
 
 
-def fetch(url: str, sha256: str, cached: Path, pinned_by: str) -> Path:
-    """`cached`, downloaded from `url` unless it is there with the sha256 `pinned_by` pins; a
-    download with another sha256 is refused and not kept."""
+def fetch(url: str, sha256: str, cached: Path, expected_by: str, unreachable: str = "") -> Path:
+    """`cached`, downloaded from `url` unless it is there with the sha256 that `expected_by`
+    gives ("the matrix pins", "its signed Release says"); a download with another sha256 is
+    refused and not kept. `unreachable` ends the line when the download fails."""
     if cached.is_file() and digests.sha256_file(cached) == sha256:
         return cached
     partial = partial_beside(cached)
@@ -32,11 +33,11 @@ def fetch(url: str, sha256: str, cached: Path, pinned_by: str) -> Path:
         downloads.download(url, partial, timeout=60)
     except OSError as error:
         partial.unlink(missing_ok=True)
-        raise UserError(f"could not fetch {url} ({getattr(error, 'reason', error)})") from None
+        raise UserError(f"could not fetch {url} ({getattr(error, 'reason', error)}){unreachable}") from None
     actual = digests.sha256_file(partial)
     if actual != sha256:
         partial.unlink()
-        raise UserError(f"{url} has sha256 {actual}, {pinned_by} pins {sha256}; nothing was run from it")
+        raise UserError(f"{url} has sha256 {actual}; {expected_by} {sha256}")
     partial.replace(cached)
     return cached
 

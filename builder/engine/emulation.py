@@ -48,7 +48,7 @@ def qemu_root() -> Path:
     deb = tool.debs[host]
     root = debfile.tool_root(QEMU_PACKAGE, tool.version, deb.sha256)
     cached = root.with_name(root.name + ".deb")
-    debfile.fetch(f"{spec.mirror.rstrip('/')}/{deb.path}", deb.sha256, cached, "data/tools.yaml")
+    debfile.fetch(f"{spec.mirror.rstrip('/')}/{deb.path}", deb.sha256, cached, "data/tools.yaml pins")
     return debfile.unpacked(cached, root, tool.version)
 
 

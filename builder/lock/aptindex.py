@@ -23,8 +23,8 @@ from pathlib import Path
 
 from debian import deb822
 
-from builder import digests, downloads, paths
-from builder.engine import bases
+from builder import downloads, paths
+from builder.engine import bases, debfile
 from builder.errors import UserError
 from builder.plan.cell import BaseImage
 
@@ -138,18 +138,8 @@ def _packages_file(base: BaseImage, suite: str, component: str, release: str, mi
     if expected is None:
         raise UserError(f"{mirror} {suite} lists no {name}; check the base's suite, components and platform")
     cached = paths.cache_dir("apt-indexes") / expected / "Packages.xz"
-    if cached.is_file() and digests.sha256_file(cached) == expected:
-        return cached
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=cached.parent, delete=False, prefix=".part-") as part:
-        partial = Path(part.name)
-    _download(f"{mirror}/dists/{suite}/{name}", partial)
-    actual = digests.sha256_file(partial)
-    if actual != expected:
-        partial.unlink()
-        raise UserError(f"{mirror}/dists/{suite}/{name} has sha256 {actual}; its signed Release says {expected}")
-    partial.replace(cached)
-    return cached
+    url = f"{mirror}/dists/{suite}/{name}"
+    return debfile.fetch(url, expected, cached, "its signed Release says", "; check the base's mirror")
 
 
 def parse_packages(text: str, source: str = "") -> Index:

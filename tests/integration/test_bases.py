@@ -39,5 +39,5 @@ def test_a_keyring_package_that_is_not_the_pinned_one_is_refused(client: docker.
     base = next(c.base for c in grid.cells if c.base.name == "noble")
     assert base.keyring is not None
     wrong = base.keyring.model_copy(update={"sha256": "0" * 64})
-    with pytest.raises(UserError, match=r"has sha256 36de43b1.*, the matrix pins 0{64}; nothing was run from it"):
+    with pytest.raises(UserError, match=r"has sha256 36de43b1.*; the matrix pins 0{64}"):
         bases.keyring_file(wrong, tmp_path)
