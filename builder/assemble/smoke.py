@@ -68,12 +68,14 @@ def run(
         ) from None
     architecture = image.attrs.get("Architecture", "")
     emulated = architecture in emulation.ARCHITECTURES and architecture != emulation.host_architecture()
+    environment: dict[str, str] = {}
     if emulated:  # an arm64 image on an x86 host runs under qemu: the self-test is told so
         emulation.ensure(architecture)
         extra = ["--emulated", *(extra or [])]
+        environment = emulation.selftest_environment(architecture)
     use_gpus = has_nvidia_runtime(engine) if gpus is None else gpus
     started = time.monotonic()
-    exit_code, stdout, stderr = run_selftest(engine, image.id, extra or [], use_gpus)
+    exit_code, stdout, stderr = run_selftest(engine, image.id, extra or [], use_gpus, environment)
     report = parse_report(stdout, stderr, exit_code)
     image_id = ids.config_digest(engine, reference)
     report["image_id"], report["reference"], report["table"] = image_id, reference, stderr
