@@ -30,8 +30,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     if wanted not in parts.PARTS:
         raise pytest.UsageError(f"{parts.VARIABLE}={wanted!r}: write one of {', '.join(parts.PARTS)}, or unset it")
-    kept = [item for item in items if parts.part_of(mark.name for mark in item.iter_markers()) == wanted]
-    config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+    kept, other = [], []
+    for item in items:
+        (kept if parts.part_of(mark.name for mark in item.iter_markers()) == wanted else other).append(item)
+    config.hook.pytest_deselected(items=other)
     items[:] = kept
 
 

@@ -146,10 +146,14 @@ class Runner:
             subprocess.run(["umount", str(self.namespace)], check=False, capture_output=True)
         shutil.rmtree(VIEW, ignore_errors=True)
 
+    def _entered(self, folder: Path = Path("/")) -> list[str]:
+        """The prefix that runs a command in the runner's view of the host, in `folder` (nsenter
+        into a mount namespace starts at / unless told where)."""
+        return ["nsenter", f"--mount={self.namespace}", f"--wd={folder}"]
+
     def as_root(self, command: list[str]) -> subprocess.CompletedProcess[str]:
         """A command as root in the runner's view of the host (the packages it sees)."""
-        entered = ["nsenter", f"--mount={self.namespace}", *command]
-        return subprocess.run(entered, check=True, capture_output=True, text=True)
+        return subprocess.run([*self._entered(), *command], check=True, capture_output=True, text=True)
 
     def remove(self) -> None:
         self._drop_view()
@@ -193,9 +197,7 @@ class Runner:
             **self.env,
             **step_env,
         }
-        # nsenter into a mount namespace starts at / unless told where: the workspace, as on the runner.
-        entered = ["nsenter", f"--mount={self.namespace}", f"--wd={self.workspace}"]
-        command = [*entered, "runuser", "-u", self.user, "--", "env", "-i",
+        command = [*self._entered(self.workspace), "runuser", "-u", self.user, "--", "env", "-i",
                    *(f"{k}={v}" for k, v in environment.items()),
                    "bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script]  # fmt: skip
         log(f"$ {script}")

@@ -284,9 +284,7 @@ def keyring_file(keyring: KeyringSpec, scratch: Path) -> Path:
     pinned sha256 (the mirror is then checked with it)."""
     cached = paths.cache_dir("keyrings") / keyring.sha256 / Path(keyring.deb).name
     debfile.fetch(str(keyring.deb), keyring.sha256, cached, "the matrix pins")
-    unpacked = scratch / "keyring"
-    subprocess.run(["dpkg-deb", "-x", str(cached), str(unpacked)], check=True, capture_output=True)
-    found = unpacked / keyring.file
+    found = debfile.unpacked(cached, scratch / "keyring", keyring.sha256) / keyring.file
     if not found.is_file():
         raise UserError(f"{keyring.deb} has no {keyring.file}; name the keyring file inside it")
     return found

@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 
 from builder.config import platform as platforms
@@ -44,8 +45,10 @@ def entry(arch: str) -> Path:
     return BINFMT / f"{ENTRY_PREFIX}{ARCHITECTURES[arch]}"
 
 
+@cache
 def qemu_root() -> Path:
-    """The pinned qemu-user package, fetched and unpacked into the cache (once)."""
+    """The pinned qemu-user package, fetched and unpacked into the cache (once), and checked
+    once a process: every build step, bootstrap and self-test of another architecture asks."""
     spec = tool_specs.spec()
     tool = spec.tools.get(QEMU_PACKAGE)
     host = host_architecture()
