@@ -33,8 +33,8 @@ def add(register: Register) -> None:
         default=[],
         choices=sorted(emulation.ARCHITECTURES),
         help="make this architecture's programs run here (repeatable): on another architecture's host, as root, "
-        "registers the qemu data/tools.yaml pins with binfmt_misc (fetched into the cache) and installs "
-        "arch-test with apt (builds of such cells do it too, when needed)",
+        "registers the qemu data/tools.yaml pins with binfmt_misc (fetched into the cache); nothing else "
+        "of the host's is used, and builds of such cells do it too, when needed",
     )
     engine_cmd.set_defaults(func=run)
 

@@ -13,6 +13,7 @@ archive ourselves keeps the image ID a function of the root filesystem alone.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -25,7 +26,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from builder import paths
+from builder import confined, digests, paths, terminal
 from builder.config.schema import KeyringSpec
 from builder.engine import archive, canonical, debfile, emulation, ids, privilege
 from builder.errors import UserError
@@ -72,6 +73,14 @@ def locked_tag(base: BaseImage, key: str) -> str:
     return f"{base.local_tag}-{key}"
 
 
+def forget_locked(engine: docker.DockerClient, tag: str) -> None:
+    """Remove a locked base from the engine (its tag) and the cache (its rootfs), so that the next
+    `bootstrap_locked` makes it again from the packages."""
+    with contextlib.suppress(docker.errors.ImageNotFound):
+        engine.images.remove(tag, force=True, noprune=False)
+    forget_cached_rootfs(tag)
+
+
 def present_locked(engine: docker.DockerClient, base: BaseImage, key: str) -> str | None:
     tag = locked_tag(base, key)
     return tag if _present(engine, tag, base.arch) else None
@@ -84,8 +93,8 @@ def bootstrap_locked(
     mirror), and load it as locked_tag; returns that tag. Two machines with the same lock get
     the same image."""
     tag = locked_tag(base, packages.key)
-    cached = cached_rootfs(tag)
-    if cached.is_file():
+    cached = checked_cached_rootfs(tag, report)
+    if cached is not None:
         report(f"loading {tag} from the cache ({cached})")
         _load_rootfs(engine, base, epoch, cached, tag)
         return tag
@@ -95,19 +104,73 @@ def bootstrap_locked(
         report(f"bootstrapping {base.distro} {base.suite} ({base.arch}) from its {len(packages.names)} locked packages")
         _run_locked_bootstrap(base, packages, epoch, rootfs)
         _load_rootfs(engine, base, epoch, rootfs, tag)
-        partial = debfile.partial_beside(cached)
-        shutil.copyfile(rootfs, partial)
-        partial.replace(cached)
+        _keep_in_cache(rootfs, tag)
     report(f"loaded {tag}")
     return tag
 
 
 def cached_rootfs(tag: str) -> Path:
     """Where a locked base's root filesystem is kept between runs (CI restores the cache, keyed by
-    the locks), so that an engine without the base loads it instead of bootstrapping it again.
-    The tag names the package set; a rootfs changed in the cache gives another image ID, which a
-    cell's recorded image-id catches."""
+    the locks), so that an engine without the base loads it instead of bootstrapping it again."""
     return paths.cache_dir("bases") / (re.sub(r"[^A-Za-z0-9._-]", "_", tag) + ".tar")
+
+
+def _rootfs_digest_file(cached: Path) -> Path:
+    return cached.with_name(cached.name + ".sha256")
+
+
+def _keep_in_cache(rootfs: Path, tag: str) -> None:
+    """Keep the (canonical) rootfs in the cache with the sha256 it had when it was made: the tar
+    first, then its sha256, each renamed into place, so an interrupted write leaves a tar without
+    a digest, which is never loaded."""
+    cached = cached_rootfs(tag)
+    partial = debfile.partial_beside(cached)
+    shutil.copyfile(rootfs, partial)
+    digest = digests.sha256_file(partial)
+    partial.replace(cached)
+    partial = debfile.partial_beside(cached)
+    partial.write_text(digest + "\n")
+    partial.replace(_rootfs_digest_file(cached))
+
+
+def checked_cached_rootfs(tag: str, report: Report = print) -> Path | None:
+    """The cached rootfs of `tag`, if it is a plain file with the sha256 written beside it when it
+    was made. One truncated, changed or replaced by a link is removed, and the line says so: the
+    base is then bootstrapped again. (This catches a damaged cache; a rootfs changed together with
+    its digest gives another base image, which the cell's recorded image-id catches before any
+    step runs: builder/assemble/build.py's cell_base.)"""
+    cached = cached_rootfs(tag)
+    digest_file = _rootfs_digest_file(cached)
+    if not os.path.lexists(cached):
+        return None
+    expected = _recorded_digest(digest_file)
+    plain = cached.is_file() and not cached.is_symlink()
+    actual = digests.sha256_file(cached) if plain and expected else ""
+    if plain and expected and actual == expected:
+        return cached
+    why = (
+        "is not a plain file" if not plain
+        else "has no sha256 recorded beside it" if not expected
+        else f"has sha256 {actual[:12]}, not the {expected[:12]} it had when it was made"
+    )  # fmt: skip
+    report(f"the cached rootfs {cached.name} {why}: removed, and the base is bootstrapped again")
+    forget_cached_rootfs(tag)
+    return None
+
+
+def _recorded_digest(digest_file: Path) -> str:
+    """The sha256 kept beside a cached rootfs, or "" where there is none of that form."""
+    try:
+        text = confined.read_bytes(digest_file, 128).decode(errors="replace").strip()
+    except UserError:
+        return ""
+    return text if re.fullmatch(r"[0-9a-f]{64}", text) else ""
+
+
+def forget_cached_rootfs(tag: str) -> None:
+    cached = cached_rootfs(tag)
+    for path in (cached, _rootfs_digest_file(cached)):
+        path.unlink(missing_ok=True)
 
 
 MMDEBSTRAP_HOOKS = Path("/usr/share/mmdebstrap/hooks")
@@ -140,7 +203,7 @@ def _run_locked_bootstrap(base: BaseImage, packages: LockedPackages, epoch: int,
         'for key in "$1"/etc/apt/trusted.gpg.d/*; do [ -e "$key" ] || continue; '
         'dpkg-query --admindir="$1/var/lib/dpkg" --search "${key#"$1"}" >/dev/null 2>&1 || rm -f "$key"; done'
     )
-    extra = [] if base.arch == emulation.host_architecture() else [f"--architectures={base.arch}"]
+    extra = foreign_options(base)
     # mmdebstrap keeps --dpkgopt lines in 99mmdebstrap; the images' first apt step writes the
     # same exclusions as /etc/dpkg/dpkg.cfg.d/torch-images, their one place.
     dpkg = [f"--dpkgopt={line}" for line in packages.dpkg]
@@ -154,8 +217,32 @@ def _run_locked_bootstrap(base: BaseImage, packages: LockedPackages, epoch: int,
     ]  # fmt: skip
     result = run_bootstrap_tool(command, epoch)
     if result.returncode != 0:
-        tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise UserError(f"bootstrap of {base.suite} from its locked packages failed: {tail[0]}")
+        raise UserError(f"bootstrap of {base.suite} from its locked packages failed: {failure_reason(result)}")
+
+
+def foreign_options(base: BaseImage) -> list[str]:
+    """mmdebstrap's options for a base of another architecture than the host's: the architecture,
+    and no check of its own. mmdebstrap checks a foreign architecture with arch-test and then wants
+    the host's /usr/bin/qemu-aarch64-static, unless a binfmt entry named qemu-aarch64 has the F
+    flag: on a machine that never had Debian's qemu-user-static it refuses, though the builder's
+    own entry (emulation.ensure, checked before every bootstrap) runs the pinned qemu for it."""
+    if base.arch == emulation.host_architecture():
+        return []
+    return [f"--architectures={base.arch}", "--skip=check/qemu"]
+
+
+# mmdebstrap's closing line, which says only that it failed, and never why.
+_GENERIC_FAILURE = re.compile(r"^E: (mmdebstrap|debootstrap) failed( to run)?\.?$")
+
+
+def failure_reason(result: subprocess.CompletedProcess[str]) -> str:
+    """The line of a failed bootstrap that says why: the first of its `E:` lines (mmdebstrap's
+    `E: setup failed: E: cannot find …`) other than the closing "failed to run", else its last
+    line. Made safe for a terminal: the output is the mirror's and the packages' words."""
+    lines = [line.strip() for line in f"{result.stderr or ''}\n{result.stdout or ''}".splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("E:") and not _GENERIC_FAILURE.match(line)]
+    chosen = errors[0] if errors else (lines[-1] if lines else "no output")
+    return terminal.printable(chosen)[:400]
 
 
 def mode_for_bootstrap() -> str:
@@ -234,8 +321,10 @@ def _run_bootstrap(base: BaseImage, epoch: int, rootfs: Path, scratch: Path) -> 
     env = {**os.environ, "SOURCE_DATE_EPOCH": str(epoch)}
     components = ",".join(base.components)
     extra = [f"--include={','.join(base.include)}"] if base.include else []
-    if base.arch != emulation.host_architecture():
-        extra.append(f"--architectures={base.arch}" if base.bootstrap_tool == "mmdebstrap" else f"--arch={base.arch}")
+    if base.bootstrap_tool == "mmdebstrap":
+        extra.extend(foreign_options(base))
+    elif base.arch != emulation.host_architecture():
+        extra.append(f"--arch={base.arch}")
     if base.keyring is not None:
         # apt checks signatures as its unprivileged _apt user, which must be able to read the
         # keyring: the scratch folder is created private (0700).
@@ -275,8 +364,7 @@ def _run_bootstrap(base: BaseImage, epoch: int, rootfs: Path, scratch: Path) -> 
                 check=True,
             )  # fmt: skip
     if result.returncode != 0:
-        tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise UserError(f"bootstrap of {base.suite} from {base.mirror} failed: {tail[0]}")
+        raise UserError(f"bootstrap of {base.suite} from {base.mirror} failed: {failure_reason(result)}")
 
 
 def keyring_file(keyring: KeyringSpec, scratch: Path) -> Path:

@@ -6,12 +6,15 @@ The qemu is the one data/tools.yaml pins (Debian 13's), fetched by its sha256 in
 registered under an entry of the builder's own (`torch-images-qemu-aarch64`), with the F flag so
 that the kernel holds the interpreter open and containers need no copy of it. Not the host's
 qemu-user-static: Debian 12's 7.2 segfaults loading torch's CUDA arm64 build. The kernel tries the
-newest entry first, so the host's own entry, if any, stays as it was and is simply not used."""
+newest entry first, so the host's own entry, if any, stays as it was and is simply not used.
+
+Nothing else of the host's is needed: mmdebstrap's own check of a foreign architecture (arch-test,
+and the host's /usr/bin/qemu-aarch64-static, which it wants unless an entry named qemu-aarch64 has
+the F flag) is skipped, since `ensure` has checked the builder's entry (bases.foreign_options)."""
 
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from collections.abc import Callable
 from functools import cache
@@ -19,7 +22,7 @@ from pathlib import Path
 
 from builder.config import platform as platforms
 from builder.config import tools as tool_specs
-from builder.engine import daemon, debfile, privilege
+from builder.engine import debfile, privilege
 from builder.errors import UserError
 
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
@@ -33,8 +36,6 @@ ENTRY_PREFIX = "torch-images-"
 # SVE, for which Inductor emits C++ that Debian 12's GCC 12 stops on (an internal compiler error
 # in svld1_f32): a failure of a CPU the images are not tried on, not of Grace's.
 SELFTEST_CPUS = {"arm64": "neoverse-n2"}
-PACKAGES = ["arch-test"]  # mmdebstrap checks a foreign architecture with it before it bootstraps one
-TOOLS = ["arch-test"]
 
 
 def host_architecture() -> str:
@@ -99,17 +100,13 @@ def ensure(arch: str, report: Callable[[str], None] = print) -> None:
     if arch == host_architecture():
         return
     root = qemu_root()
-    if registered(arch, root) and all(shutil.which(t) for t in TOOLS):
+    if registered(arch, root):
         return
     if privilege.root_prefix() is None:
         raise UserError(
             f"{arch} programs cannot run here: registering qemu with binfmt_misc needs root; "
             f"run `python -m builder engine --emulate {arch}` as root (or with passwordless sudo)"
         )
-    if not all(shutil.which(t) for t in TOOLS):
-        if not daemon.can_apt_install():
-            raise UserError(f"{arch} bootstraps need {' and '.join(PACKAGES)}: install it (apt-get install)")
-        daemon.apt_install(PACKAGES)
     _register(arch, register_line(arch, root))
     if not registered(arch, root):
         raise UserError(f"registered {entry(arch).name} with binfmt_misc, but the kernel does not list it enabled")

@@ -30,6 +30,7 @@ from builder.plan.cell import Cell
 from builder.wheelhouse import wheelhouse
 from harness import loopback, registry_fixtures
 from tests import engine_state
+from tests.support import hostqemu
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -175,3 +176,12 @@ def start_registry(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator: 
             return RunningRegistry(host, user, password, certificate.ca if certificate else None, issuer, root)
 
         yield start
+
+
+@pytest.fixture(scope="session")
+def without_host_qemu() -> Iterator[None]:
+    """The emulation tests run as on a machine that never had Debian's qemu-user-static: only the
+    qemu the builder pins and registers (tests/support/hostqemu.py)."""
+    with hostqemu.hidden() as what:
+        print(f"emulation tests: {hostqemu.describe(what)}")
+        yield

@@ -27,7 +27,13 @@ from builder.wheelhouse import wheelhouse
 from tests.integration.conftest import RunningRegistry
 
 # arm64 under qemu: a base bootstrap, a 20-minute build, a self-test of about 8 minutes.
-pytestmark = [pytest.mark.integration, pytest.mark.emulation, pytest.mark.timeout(3600)]
+# As on a machine that never had Debian's qemu-user-static (the builder needs none of it).
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.emulation,
+    pytest.mark.timeout(3600),
+    pytest.mark.usefixtures("without_host_qemu"),
+]
 
 REPO = Path(__file__).resolve().parents[2]
 MATRIX = REPO / "tests/fixtures/multiarch.yaml"

@@ -3,13 +3,17 @@ with the interpreter inside the unpacked package; refused, one line, where that 
 
 from __future__ import annotations
 
+import dataclasses
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from builder.engine import emulation
+from builder.engine import bases, emulation
 from builder.errors import UserError
+from builder.plan.matrix import load_matrix
 
+REPO = Path(__file__).resolve().parents[2]
 MAGIC = r"\x7f\x45\x4c\x46\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\xb7\x00"
 MASK = r"\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff"
 
@@ -74,3 +78,33 @@ def test_without_root_emulation_is_one_line_saying_how(tmp_path: Path, monkeypat
         "arm64 programs cannot run here: registering qemu with binfmt_misc needs root; "
         "run `python -m builder engine --emulate arm64` as root (or with passwordless sudo)"
     )
+
+
+def _bootstrap_failed(stderr: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.CompletedProcess(["mmdebstrap"], 1, stdout="", stderr=stderr)
+
+
+def test_a_failed_bootstrap_says_mmdebstraps_reason_not_its_closing_line() -> None:
+    # mmdebstrap 1.3.5's own words on an x86 machine that never had qemu-user-static.
+    reason = "E: setup failed: E: cannot find /usr/bin/qemu-aarch64-static"
+    said = f"I: automatically chosen format: tar\n{reason}\nE: mmdebstrap failed to run\n"
+    assert bases.failure_reason(_bootstrap_failed(said)) == reason
+
+
+def test_a_bootstrap_reason_reaches_the_terminal_escaped_and_without_error_lines_its_last() -> None:
+    assert bases.failure_reason(_bootstrap_failed("E: no \x1b]0;title\x07 such\nE: mmdebstrap failed to run")) == (
+        "E: no \\x1b]0;title\\x07 such"
+    )
+    assert bases.failure_reason(_bootstrap_failed("W: something\nKilled\n")) == "Killed"
+    assert bases.failure_reason(_bootstrap_failed("")) == "no output"
+
+
+def test_an_arm64_bootstrap_on_x86_skips_mmdebstraps_own_qemu_check_and_a_native_one_adds_nothing() -> None:
+    """mmdebstrap's check wants the host's arch-test and /usr/bin/qemu-aarch64-static; the builder
+    checks its own binfmt entry instead (emulation.ensure), so neither is needed."""
+    base = load_matrix(REPO / "matrix.yaml").cell("2.13.0-cpu-bookworm-runtime").base
+    foreign = "arm64" if emulation.host_architecture() != "arm64" else "amd64"
+    assert bases.foreign_options(dataclasses.replace(base, arch=foreign)) == [
+        f"--architectures={foreign}", "--skip=check/qemu",
+    ]  # fmt: skip
+    assert bases.foreign_options(dataclasses.replace(base, arch=emulation.host_architecture())) == []
