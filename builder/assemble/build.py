@@ -34,6 +34,7 @@ from builder.plan.matrix import Matrix
 from builder.progress import Report
 from builder.render import render
 from builder.repro import normalize as repro
+from builder.repro import recorded
 from builder.wheelhouse import aptrepo, served, wheelhouse, wheelserver
 
 BUILD_ID_LABEL = "io.torch-images.build-id"
@@ -49,6 +50,7 @@ class BuildState(str, enum.Enum):
     UNCHANGED = "unchanged"  # the image with this build ID was in the engine already
     IN_REGISTRY = "in registry"  # `build --skip-existing`: this build ID is published; not built
     FAILED = "failed"
+    NOT_RECORDED = "failed: not the recorded image ID"
     OVER_BUDGET = "failed: over budget"
     SELFTEST_FAILED = "failed: self-test"
 
@@ -68,6 +70,7 @@ class BuildResult:
     notes: list[str] = field(default_factory=list)  # said after the state: "recorded ID", the self-test's verdict
     detail: str = ""
     build_id: str = ""
+    base_id: str = ""  # the config digest of the base it was built on
     intermediate: str = ""  # the engine's image before normalization, when it differs from the result
     layers: list[tuple[str, int]] = field(default_factory=list)  # (step, bytes) of each layer, bottom first
     recorded: bool | None = None  # whether the image is images/<cell>/image-id (None: none recorded)
@@ -143,10 +146,7 @@ def cell_base(
     assert pins is not None  # preflight refuses a cell without its debian.lock
     files = pins.files_of(pins.base)
     where = served.apt_repository(files)
-    dpkg = layout.load().dpkg_for(None) if slim else ()
-    key = where.rstrip("/").rsplit("/", 1)[-1]
-    if dpkg:
-        key += "-" + hashlib.sha256("\n".join(dpkg).encode()).hexdigest()[:8]
+    dpkg, key = _locked_base_key(locks, slim)
     found = bases.present_locked(engine, cell.base, key)
     if found is not None:
         return found
@@ -159,6 +159,23 @@ def cell_base(
         return bases.bootstrap_locked(engine, cell.base, packages, grid.spec.source_date_epoch, report)
 
 
+def _locked_base_key(locks: CellLocks, slim: bool = True) -> tuple[tuple[str, ...], str]:
+    """The dpkg rules the base is bootstrapped with, and the key that names its package set and those
+    rules (the base's engine tag and cached rootfs end with it)."""
+    assert locks.debian is not None  # preflight refuses a cell without its debian.lock
+    where = served.apt_repository(locks.debian.files_of(locks.debian.base))
+    dpkg = layout.load().dpkg_for(None) if slim else ()
+    key = where.rstrip("/").rsplit("/", 1)[-1]
+    if dpkg:
+        key += "-" + hashlib.sha256("\n".join(dpkg).encode()).hexdigest()[:8]
+    return dpkg, key
+
+
+def locked_base_tag(locks: CellLocks) -> str:
+    """The engine tag of the base the cell builds on (bootstrapped from its locked packages)."""
+    return bases.locked_tag(locks.cell.base, _locked_base_key(locks)[1])
+
+
 def cell_build_id(
     engine: docker.DockerClient,
     grid: Matrix,
@@ -166,9 +183,25 @@ def cell_build_id(
     report: Report = print,
     house: wheelhouse.Wheelhouse | None = None,
 ) -> tuple[str, str]:
-    """The base the cell builds on (obtained if missing) and the cell's build ID, without building."""
+    """The base the cell builds on (obtained if missing) and the cell's build ID, without building.
+
+    A base that is not the one the cell's record was made on (images/<cell>/image-id's `base`
+    line, for the same locked packages) is never built on: one from the engine or the cache (a
+    tag or a rootfs changed since it was made) is removed and bootstrapped again from the locked
+    packages; one freshly bootstrapped that still differs stops the build."""
+    cell = locks.cell
     base_reference = cell_base(engine, grid, locks, report, house)
-    return base_reference, build_id(locks.cell, ids.config_digest(engine, base_reference))
+    base_id = ids.config_digest(engine, base_reference)
+    wrong = recorded.wrong_base(cell, base_id, lambda base: build_id(cell, base))
+    if wrong is not None:
+        report(f"{cell.name}: {wrong}: removing it from the engine and the cache, and bootstrapping it again")
+        bases.forget_locked(engine, base_reference)
+        base_reference = cell_base(engine, grid, locks, report, house)
+        base_id = ids.config_digest(engine, base_reference)
+        wrong = recorded.wrong_base(cell, base_id, lambda base: build_id(cell, base))
+        if wrong is not None:
+            raise UserError(f"{cell.name}: bootstrapped again from its locked packages, {wrong}; nothing was built")
+    return base_reference, build_id(cell, base_id)
 
 
 @dataclass(frozen=True)
@@ -201,6 +234,7 @@ def build_cell(
     result = BuildResult(cell.name, reference)
     started = time.monotonic()
     base_reference, result.build_id = cell_build_id(engine, grid, locks, report, house)
+    result.base_id = ids.config_digest(engine, base_reference)
     result.phases["base"] = time.monotonic() - started
     if options.published is not None and options.published(result.build_id):
         report(f"{cell.name}: build ID {result.build_id[:12]} is already in the registry; not built")
@@ -259,6 +293,17 @@ def build_cell(
     result.image_id, result.size_bytes = ids.config_digest(engine, reference), int(image.attrs["Size"])
     result.state = BuildState.BUILT
     return _within_budget(engine, grid, cell, result)
+
+
+def contradicts_record(engine: docker.DockerClient, result: BuildResult, said: str) -> None:
+    """A built image that is not its cell's recorded image ID from the same inputs: the build
+    fails, and the image loses the cell's tag (a `publish` or `FROM` after it cannot pick it up);
+    it goes with the run's other intermediates (`--keep-build-cache` keeps it to compare)."""
+    result.state, result.detail = BuildState.NOT_RECORDED, said
+    if result.intermediate:  # the raw image goes first, then the normalized one
+        with contextlib.suppress(docker.errors.ImageNotFound, docker.errors.APIError):
+            engine.images.remove(result.intermediate, force=False, noprune=False)
+    result.intermediate = _untag_raw(engine, result.reference, engine.images.get(result.reference).id)
 
 
 IN_REGISTRY_DIR = "in-registry"  # under the cache: the build ID `build --skip-existing` found published

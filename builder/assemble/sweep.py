@@ -1,7 +1,9 @@
 """The matrix sweep: every buildable cell built and self-tested in turn on one machine, each
 cell's images removed before the next (24 CUDA images do not fit one disk at once), and a record
 kept (images/sweep.json) from which docs/matrix.md is written. A rerun skips a cell whose build
-ID already passed, so an interrupted sweep goes on where it stopped."""
+ID already passed, so an interrupted sweep goes on where it stopped. A cell that passes with no
+recorded image ID for its inputs gets one (images/<cell>/image-id, with its base); one whose
+image is not its record fails."""
 
 from __future__ import annotations
 
@@ -14,11 +16,12 @@ import docker
 
 from builder import confined, digests, jsonread, times
 from builder.assemble import build, size, smoke
-from builder.engine import daemon
+from builder.engine import daemon, ids
 from builder.errors import UserError
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
 from builder.progress import Report
+from builder.repro import recorded
 from builder.wheelhouse import wheelhouse
 
 RECORD_NAME = "sweep.json"
@@ -105,7 +108,14 @@ def sweep_cell(
     try:
         locks = build.preflight(cell, grid)
         result = build.build_cell(engine, grid, locks, house, report, build.BuildOptions(no_cache=True))
+        agrees, said = recorded.compare(cell, result.image_id, result.build_id) if result.has_image else (None, "")
+        if agrees is False:
+            build.contradicts_record(engine, result, said)
         verdict = smoke.run(engine, result.reference) if result.has_image else None
+        if verdict is not None and verdict.status == "pass" and agrees is None:
+            # A build without cache whose image passed its self-test: later builds, here or on
+            # another machine, are held to it (docs/reproducible-builds.md).
+            recorded.write(cell, result.image_id, result.build_id, result.base_id)
     except UserError as error:
         verdict, result.detail = None, error.line()
     finally:
@@ -156,6 +166,36 @@ def sweep(
         table_path(grid).write_text(table(grid, rows))
     table_path(grid).write_text(table(grid, rows))
     return rows
+
+
+def record_passed(
+    engine: docker.DockerClient, grid: Matrix, cells: list[Cell], house: wheelhouse.Wheelhouse, report: Report
+) -> list[str]:
+    """Write images/<cell>/image-id, with its base, for each cell whose sweep row passed at the build
+    ID the cell has on this machine: the build ID hashes the base's image ID, so its equality says
+    that the base bootstrapped here is the one the sweep built on. Returns the cells written."""
+    rows, written = read_record(record_path(grid)), []
+    for cell in cells:
+        row = rows.get(cell.name)
+        if row is None or not row.passed:
+            report(f"{cell.name}: no passing sweep row; not recorded")
+            continue
+        try:
+            base_reference, build_id = build.cell_build_id(engine, grid, build.preflight(cell, grid), report, house)
+        except UserError as refused:
+            report(f"{cell.name}: {refused.line()}; not recorded")
+            continue
+        if build_id != row.build_id:
+            report(f"{cell.name}: swept at build ID {row.build_id[:12]}, {build_id[:12]} here; not recorded")
+            continue
+        agrees, said = recorded.compare(cell, row.image_id, build_id)
+        if agrees is False:  # a record of these inputs says otherwise: the two runs disagree
+            report(f"{cell.name}: the sweep's {said}; not recorded")
+            continue
+        recorded.write(cell, row.image_id, build_id, ids.config_digest(engine, base_reference))
+        report(f"{cell.name}: recorded {row.image_id[7:19]} (build ID {build_id[:12]})")
+        written.append(cell.name)
+    return written
 
 
 def _current_build_id(engine: docker.DockerClient, grid: Matrix, cell: Cell, house: wheelhouse.Wheelhouse) -> str:

@@ -19,23 +19,23 @@ Progress = Callable[[str], AbstractContextManager[Callable[[str], None]]]
 
 def build_once(
     engine: docker.DockerClient, grid: Matrix, cell: Cell, house: Wheelhouse, progress: Progress
-) -> tuple[str, str]:
-    """Build the cell without cache (its intermediate steps removed after); returns the image ID
-    and the build ID (the inputs it was built from)."""
+) -> build.BuildResult:
+    """Build the cell without cache (its intermediate steps removed after); the result has the
+    image ID, the build ID (the inputs it was built from) and the base's ID."""
     locks = build.preflight(cell, grid)
     with progress(f"{cell.name}: building without cache") as report:
         result = build.build_cell(engine, grid, locks, house, report, build.BuildOptions(no_cache=True))
     build.discard_intermediates(engine, [result])
     if result.state is not build.BuildState.BUILT:
         raise UserError(f"{cell.name}: the build failed: {result.detail}")
-    return result.image_id, result.build_id
+    return result
 
 
 def build_twice(
     engine: docker.DockerClient, grid: Matrix, cell: Cell, house: Wheelhouse, progress: Progress
-) -> tuple[Verdict, str]:
+) -> tuple[Verdict, build.BuildResult]:
     """Build the cell twice without cache (each build's intermediate steps removed before the
     next, so the second reuses nothing) and compare the two images; returns the verdict and the
-    build ID."""
-    (first, build_id), (second, _) = (build_once(engine, grid, cell, house, progress) for _ in (1, 2))
-    return compare(engine, cell.name, first, second), build_id
+    first build."""
+    first, second = (build_once(engine, grid, cell, house, progress) for _ in (1, 2))
+    return compare(engine, cell.name, first.image_id, second.image_id), first

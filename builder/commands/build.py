@@ -130,9 +130,8 @@ def run(args: argparse.Namespace) -> int:
     for r in results:
         table.add_row(r.cell, r.reference, r.image_id[7:19], size.human(r.size_bytes), f"{r.seconds:.0f} s", r.status)
     SafeConsole(width=200).print(table)
-    # An offline rebuild is a reproduction: an image other than the recorded one fails it.
-    differs = args.offline and any(r.recorded is False for r in results)
-    return 0 if all(not r.state.failed for r in results) and not differs else 1
+    # A build that contradicts its cell's record fails, online and offline alike (its state says so).
+    return 0 if all(not r.state.failed for r in results) else 1
 
 
 def _build_and_test(
@@ -150,8 +149,10 @@ def _build_and_test(
         if result.has_image and not args.no_normalize:
             result.recorded, said = recorded.compare(cell, result.image_id, result.build_id)
             report(f"{cell.name}: {said}")
-            if result.recorded is not None:
-                result.notes.append("recorded ID" if result.recorded else "NOT the recorded ID")
+            if result.recorded is True:
+                result.notes.append("recorded ID")
+            elif result.recorded is False:  # the same inputs, another image: never tested or published
+                build.contradicts_record(client, result, said)
         if result.layers:
             report(f"{cell.name}: layers " + ", ".join(size.human(b) for _, b in result.layers))
         if result.has_image and not args.no_smoke:

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         return _verify_against_recorded(client, grid, cells, house)
     failed = 0
     for cell in cells:
-        verdict, build_id = twice.build_twice(client, grid, cell, house, progress)
+        verdict, first_build = twice.build_twice(client, grid, cell, house, progress)
         table = Table(title=f"{cell.name}: {'reproducible' if verdict.reproducible else 'NOT reproducible'}")
         for column in ("layer", "build 1", "build 2", "same"):
             table.add_column(column)
@@ -68,9 +68,9 @@ def run(args: argparse.Namespace) -> int:
         for index, paths in verdict.differences.items():
             console.print(f"layer {index} differs in: {', '.join(paths)}")
         failed += not verdict.reproducible
-        same, said = recorded.compare(cell, verdict.first_id, build_id)
+        same, said = recorded.compare(cell, verdict.first_id, first_build.build_id)
         if args.record and verdict.reproducible:
-            written = recorded.write(cell, verdict.first_id, build_id)
+            written = recorded.write(cell, verdict.first_id, first_build.build_id, first_build.base_id)
             console.print(f"{cell.name}: recorded {verdict.first_id[7:19]} in {written}")
         else:
             console.print(f"{cell.name}: {said}")
@@ -89,8 +89,8 @@ def _verify_against_recorded(
                 f"{cell.name} has no recorded image ID ({recorded.path(cell)}); record one with "
                 f"`python -m builder verify-repro --record {cell.name}`"
             )
-        image_id, build_id = twice.build_once(client, grid, cell, house, progress)
-        same, said = recorded.compare(cell, image_id, build_id)
-        console.print(f"{cell.name}: built {image_id[7:19]}: {said}")
+        built = twice.build_once(client, grid, cell, house, progress)
+        same, said = recorded.compare(cell, built.image_id, built.build_id)
+        console.print(f"{cell.name}: built {built.image_id[7:19]}: {said}")
         failed += same is not True  # a record for other inputs proves nothing either way
     return 1 if failed else 0

@@ -26,6 +26,13 @@ def add(register: Register) -> None:
         choices=["linux/amd64", "linux/arm64"],
         help="sweep the cells of this platform (default: linux/amd64; linux/arm64 runs under emulation on x86)",
     )
+    sweep_cmd.add_argument(
+        "--record-passed",
+        action="store_true",
+        help="build nothing: write images/<cell>/image-id, with its base, for each cell whose sweep row passed at "
+        "the build ID the cell has here (its base bootstrapped here if missing: the same build ID means the same "
+        "base as the sweep's machine); for rows swept before the sweep wrote records",
+    )
     sweep_cmd.set_defaults(func=run)
 
 
@@ -34,6 +41,11 @@ def run(args: argparse.Namespace) -> int:
     cells = grid.select(args.cells) if args.cells else [c for c in grid.cells if c.platform == args.platform]
     client = daemon.client()
     house = wheelhouse.Wheelhouse()
+    if args.record_passed:
+        with progress("sweep: recording passed rows") as report:
+            written = sweep.record_passed(client, grid, cells, house, report)
+        console.print(f"sweep: recorded the image IDs of {len(written)} of {len(cells)} cells", highlight=False)
+        return 0
     with progress("sweep: starting") as report:
         rows = sweep.sweep(client, grid, cells, house, report)
     swept = [rows[c.name] for c in cells if c.name in rows]

@@ -182,7 +182,9 @@ def test_a_record_for_other_inputs_is_stale_not_a_failed_reproduction(unrecorded
         ("sha256:aaaa; rm -rf /\n", 1, "is not an image ID"),
         (f"{IMAGE_A}\n", 2, "is not `build-id"),
         (f"{IMAGE_A}\nbuild-id {INPUTS}$(id)\n", 2, "is not `build-id"),
-        (f"{IMAGE_A}\nbuild-id {INPUTS}\nRUN curl evil\n", 3, "the file has two lines"),
+        (f"{IMAGE_A}\nbuild-id {INPUTS}\nRUN curl evil\n", 3, "is not `base sha256:"),
+        (f"{IMAGE_A}\nbuild-id {INPUTS}\nbase sha256:{'c' * 63}\n", 3, "is not `base sha256:"),
+        (f"{IMAGE_A}\nbuild-id {INPUTS}\nbase {IMAGE_B}\nRUN curl evil\n", 4, "at most three lines"),
     ],
 )
 def test_a_hostile_record_is_refused_naming_its_line(unrecorded_cell: Cell, text: str, line: int, message: str) -> None:
@@ -190,3 +192,35 @@ def test_a_hostile_record_is_refused_naming_its_line(unrecorded_cell: Cell, text
     with pytest.raises(UserError, match=re.escape(message)) as refused:
         recorded.read(unrecorded_cell)
     assert refused.value.line().startswith(f"{recorded.path(unrecorded_cell)}:{line}:")
+
+
+def test_a_record_keeps_the_base_it_was_built_on_and_an_older_record_has_none(unrecorded_cell: Cell) -> None:
+    recorded.write(unrecorded_cell, IMAGE_A, INPUTS)
+    assert recorded.read(unrecorded_cell) == recorded.Record(IMAGE_A, INPUTS, None)
+    recorded.write(unrecorded_cell, IMAGE_A, INPUTS, IMAGE_B)
+    assert recorded.path(unrecorded_cell).read_text() == f"{IMAGE_A}\nbuild-id {INPUTS}\nbase {IMAGE_B}\n"
+    assert recorded.read(unrecorded_cell) == recorded.Record(IMAGE_A, INPUTS, IMAGE_B)
+
+
+BASE_RECORDED, BASE_CHANGED = "sha256:" + "d" * 64, "sha256:" + "e" * 64
+
+
+def _build_id_on(base: str) -> str:
+    """A stand-in for the cell's build ID on a base: its context is fixed, so only the base moves it."""
+    return INPUTS if base == BASE_RECORDED else OTHER_INPUTS
+
+
+def test_a_base_other_than_the_recorded_one_for_the_same_packages_is_named(unrecorded_cell: Cell) -> None:
+    """A rootfs changed in the cache gives another base, hence another build ID: the record,
+    which holds the base, still knows these inputs and says the base is not theirs."""
+    recorded.write(unrecorded_cell, IMAGE_A, INPUTS, BASE_RECORDED)
+    assert recorded.wrong_base(unrecorded_cell, BASE_RECORDED, _build_id_on) is None
+    said = recorded.wrong_base(unrecorded_cell, BASE_CHANGED, _build_id_on)
+    assert said is not None and "its base is eeeeeeeeeeee" in said and "on base dddddddddddd" in said
+
+
+def test_a_record_without_a_base_or_for_other_inputs_says_nothing_of_the_base(unrecorded_cell: Cell) -> None:
+    recorded.write(unrecorded_cell, IMAGE_A, INPUTS)
+    assert recorded.wrong_base(unrecorded_cell, BASE_CHANGED, _build_id_on) is None
+    recorded.write(unrecorded_cell, IMAGE_A, "3" * 32, BASE_RECORDED)  # the context moved since
+    assert recorded.wrong_base(unrecorded_cell, BASE_CHANGED, _build_id_on) is None
