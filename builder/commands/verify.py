@@ -11,7 +11,7 @@ from builder.engine import daemon
 from builder.errors import UserError
 from builder.oci.registry import Registry
 from builder.plan import matrix
-from builder.publish import provenance, rebuild, verify
+from builder.publish import provenance, rebuild, trust, verify
 from builder.terminal import printable
 
 
@@ -55,7 +55,8 @@ def add(register: Register) -> None:
         metavar="PEM",
         help="with --rebuild: when the rebuild gives the published image ID, attach a signed statement of it "
         "(SLSA's verification summary, naming this engine) to the digest; promote counts them for "
-        "publish.require_rebuilds. Needs push rights. Default: TORCH_IMAGES_SIGNING_KEY where it is set",
+        "publish.require_rebuilds where its public key is in publish.rebuilders. Needs push rights. A rebuilder's "
+        "own key, never the team's. Default: TORCH_IMAGES_REBUILD_KEY where it is set",
     )
     registry_options(verify_cmd, argparse.SUPPRESS)
     verify_cmd.set_defaults(func=run)
@@ -66,7 +67,10 @@ def run_rebuild(args: argparse.Namespace, reference: verify.Reference, registry:
         raise UserError(f"--rebuild builds from this checkout: {args.matrix} is not there; run it in the checkout")
     grid = matrix.load_matrix(Path(args.matrix))
     engine = daemon.client()
-    signer = provenance.load_signer(args.sign_key)  # --sign-key, else the environment's; refused before the build
+    # --sign-key, else the environment's; refused before the build
+    signer = provenance.load_signer(args.sign_key, provenance.REBUILD_KEY_ENVIRONMENT)
+    if signer is not None:
+        _check_rebuilder_key(grid, signer, key)
     with progress(f"{reference}: rebuilding") as report:
         options = rebuild.RebuildOptions(key, args.offline, args.backend)
         found = rebuild.rebuild(engine, registry, reference, grid, options, report)
@@ -85,6 +89,18 @@ def run_rebuild(args: argparse.Namespace, reference: verify.Reference, registry:
     for path in found.paths:
         print(printable(f"  {path}"))
     return 1
+
+
+def _check_rebuilder_key(grid: matrix.Matrix, signer: Any, team: Any) -> None:
+    """A rebuild is signed with a rebuilder's own key: the team's (the --key or TORCH_IMAGES_VERIFY_KEY
+    given) is refused; one that publish.rebuilders does not list is said, since promote will not count it."""
+    mine = signer.public_key.keyid
+    if team is not None and mine == team.keyid:
+        raise UserError(
+            "--sign-key is the team's key; a rebuild counts only under a rebuilder's own key (publish.rebuilders)"
+        )
+    if all(r.key.keyid != mine for r in trust.rebuilders(grid, team)):
+        print("note: the signing key is not in publish.rebuilders: promote will not count this rebuild until it is")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -210,8 +210,12 @@ class PublishSpec(Strict):
     """Also attach a SOCI index to each gzip image, so nodes with AWS's SOCI snapshotter start it
     lazily; needs containerd and root where `publish` runs (using-images.md)."""
     require_rebuilds: Annotated[int, Field(ge=0, le=8)] = 0
-    """Promote with the team's key moves a tag only when this many signed rebuilds, each on an
-    engine of its own, gave the staged image's ID (`verify --rebuild --sign-key`)."""
+    """Promote with the team's key moves a tag only when this many of `rebuilders`, each with its own
+    key, signed a rebuild that gave the staged image's ID (`verify --rebuild --sign-key`). The team's
+    key never counts, nor one key twice, whatever engines it names."""
+    rebuilders: dict[Name, RelativeDir] = {}
+    """Who rebuilds staged images: a name and the path of its PEM public key, relative to the matrix
+    file (`rebuilders/alice.pub`). Each keeps its private key on its own machine (reproducible-builds.md)."""
 
 
 class MatrixSpec(Strict):
@@ -310,9 +314,25 @@ def _check_references(spec: MatrixSpec, source: SourceMap) -> None:
                     source.location(("include", i)),
                     f"include[{i}]",
                 )
+    _check_quorum(spec, source)
     _check_template(("tag",), spec.tag, source)
     for i, alias in enumerate(spec.aliases):
         _check_template(("aliases", i, "template"), alias.template, source)
+
+
+def _check_quorum(spec: MatrixSpec, source: SourceMap) -> None:
+    """A quorum that no set of rebuilder keys could meet is refused here, not at promote: a tag
+    would never move. ci.rebuild_check's job counts as a rebuilder too, so it needs one listed."""
+    wanted = max(spec.publish.require_rebuilds, 1 if spec.ci.rebuild_check else 0)
+    listed = len(spec.publish.rebuilders)
+    if wanted > listed:
+        where = ("publish", "require_rebuilds") if spec.publish.require_rebuilds else ("ci", "rebuild_check")
+        raise UserError(
+            f"{dotted(where)} needs {wanted} rebuilder key(s) but publish.rebuilders lists {listed}; add "
+            "`rebuilders: {NAME: PATH}`, each rebuilder's own PEM public key (the team's key never counts)",
+            source.location(where),
+            dotted(where),
+        )
 
 
 def _check_template(where: FieldPath, template: str, source: SourceMap) -> None:

@@ -64,6 +64,7 @@ BUILD_TYPE = "https://torch-images.invalid/build/v1"
 PREDICATE_ANNOTATION = "io.torch-images.predicate-type"
 COSIGN_PREDICATE_ANNOTATION = "dev.sigstore.bundle.predicateType"  # cosign's, and GitHub's attestations'
 KEY_ENVIRONMENT = "TORCH_IMAGES_SIGNING_KEY"  # a PEM private key, for CI's secret store
+REBUILD_KEY_ENVIRONMENT = "TORCH_IMAGES_REBUILD_KEY"  # a rebuilder's own (publish.rebuilders), never the team's
 MAX_KEY_BYTES = 64 << 10
 # What a gate reads of one digest's envelopes: a provenance and a report per device that ran it.
 MAX_ENVELOPE_BYTES = 4 << 20
@@ -227,16 +228,17 @@ def _statement(subject: Subject, predicate_type: str, predicate: dict[str, Any])
 # ---------------------------------------------------------------- keys and envelopes
 
 
-def load_signer(path: Path | None) -> CryptoSigner | None:
-    """The team's private key (Ed25519 or ECDSA P-256, PEM, unencrypted: CI's secret store keeps
-    it): from `--sign-key FILE`, else from TORCH_IMAGES_SIGNING_KEY; None when neither is set."""
+def load_signer(path: Path | None, environment: str = KEY_ENVIRONMENT) -> CryptoSigner | None:
+    """A private key (Ed25519 or ECDSA P-256, PEM, unencrypted: CI's secret store keeps it): from
+    `--sign-key FILE`, else from `environment` (the team's TORCH_IMAGES_SIGNING_KEY, or a
+    rebuilder's TORCH_IMAGES_REBUILD_KEY); None when neither is set."""
     if path is not None:
         try:
             data, where = path.read_bytes()[: MAX_KEY_BYTES + 1], str(path)
         except OSError as error:
             raise UserError(f"--sign-key {path}: cannot read it ({error.strerror})") from None
-    elif os.environ.get(KEY_ENVIRONMENT):
-        data, where = os.environ[KEY_ENVIRONMENT].encode(), KEY_ENVIRONMENT
+    elif os.environ.get(environment):
+        data, where = os.environ[environment].encode(), environment
     else:
         return None
     try:

@@ -27,12 +27,13 @@ from securesystemslib.signer import CryptoSigner
 from builder import times
 from builder.assemble import build
 from builder.config import platform as platforms
-from builder.engine import daemon
+from builder.engine import bases, daemon
 from builder.errors import UserError
 from builder.oci.registry import INDEX_TYPES, Manifest, Registry, json_object
+from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
 from builder.progress import Report
-from builder.publish import attachments, provenance, tags, trust
+from builder.publish import attachments, multiarch, provenance, publish, tags, trust
 from builder.publish.verify import CELL_LABEL, Reference
 from builder.repro import layers, manifests
 from builder.wheelhouse import wheelhouse
@@ -78,6 +79,9 @@ class Rebuilt:
     differing_layer: int | None = None
     paths: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # The same image in the registry's other staged or published forms (zstd beside gzip): a
+    # rebuild statement goes to each, since promote gates each form on its own digest.
+    forms: list[Manifest] = field(default_factory=list)
 
     @property
     def same(self) -> bool:
@@ -152,6 +156,9 @@ def rebuild(
         found.notes.append("unsigned (no --key): going on from the image's labels, which anyone who can push writes")
     locks = build.preflight(cell, grid)
     house = wheelhouse.Wheelhouse(offline=options.offline)
+    # Independent of whatever built it first: the base is bootstrapped again from its hashed .debs,
+    # never taken from the engine or a restored cache (wheels are checked by sha256 on use).
+    bases.forget_locked(engine, build.locked_base_tag(locks))
     _, local_build_id = build.cell_build_id(engine, grid, locks, report, house)
     if local_build_id != label_build_id:
         raise UserError(
@@ -170,7 +177,28 @@ def rebuild(
     found.image_id = result.image_id
     if not found.same:
         compare_layers(engine, registry, reference.repository, published, target, found)
+    found.forms = other_forms(registry, reference, grid, cell, published)
     return found
+
+
+def other_forms(
+    registry: Registry, reference: Reference, grid: Matrix, cell: Cell, published: Published
+) -> list[Manifest]:
+    """The image's other compressed forms under the sibling tag (`<tag>-zstd[.staging-RUN]` beside
+    `<tag>[.staging-RUN]`), each only where its config is exactly the published image ID."""
+    gzip_tag = multiarch.image_tag(grid, cell, "gzip")
+    if reference.tag is None or not reference.tag.startswith(gzip_tag):
+        return []
+    forms = []
+    for compression in publish.compressions(grid):
+        sibling = multiarch.image_tag(grid, cell, compression) + reference.tag.removeprefix(gzip_tag)
+        manifest = registry.manifest(reference.repository, sibling) if sibling != reference.tag else None
+        if manifest is None or manifest.media_type in INDEX_TYPES:
+            continue
+        config = json_object(manifest.body, f"the manifest of {sibling}").get("config")
+        if isinstance(config, dict) and config.get("digest") == published.image_id:
+            forms.append(manifest)
+    return forms
 
 
 @dataclass(frozen=True)
@@ -237,12 +265,14 @@ def attest(
     published = found.published
     engine_name = daemon.description(engine) + (", BuildKit" if backend == "buildkit" else "")
     build_id = str(published.labels.get(build.BUILD_ID_LABEL, ""))
-    about = provenance.Subject(f"{reference.registry}/{reference.repository}", published.digest,
-                               published.image_id, build_id)  # fmt: skip
-    statement = provenance.rebuild_statement(
-        about, engine_name, provenance.builder_version(), times.iso_utc(time.time())
-    )
     slug = re.sub(r"[^a-z0-9]+", "-", engine_name.lower()).strip("-")
-    tag = tags.fitted(f"sha256-{published.digest.removeprefix('sha256:')[:32]}.rebuild-{slug}.att")
-    attachments.Door(registry, reference.repository).attach_statement(published.served, tag, statement, signer)
+    door = attachments.Door(registry, reference.repository)
+    for served in (published.served, *found.forms):
+        about = provenance.Subject(f"{reference.registry}/{reference.repository}", served.digest,
+                                   published.image_id, build_id)  # fmt: skip
+        statement = provenance.rebuild_statement(
+            about, engine_name, provenance.builder_version(), times.iso_utc(time.time())
+        )
+        tag = tags.fitted(f"sha256-{served.digest.removeprefix('sha256:')[:32]}.rebuild-{slug}.att")
+        door.attach_statement(served, tag, statement, signer)
     return engine_name

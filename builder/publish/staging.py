@@ -290,10 +290,16 @@ def _staged(
         if evidence.provenance_problem is not None:
             return f"{evidence.provenance_problem} on {manifest.digest[:19]}"
         needed = required_rebuilds(grid)
-        if len(evidence.rebuilt_on) < needed:
-            return (
-                f"publish.require_rebuilds is {needed}; {manifest.digest[:19]} carries {len(evidence.rebuilt_on)} "
-                f"signed rebuilds that gave its image ID ({', '.join(sorted(evidence.rebuilt_on)) or 'none'})"
+        if needed:
+            agreed = trust.agreeing_rebuilds(door, manifest.digest, image_id, trust.rebuilders(grid, key))
+            if len(agreed) < needed:
+                return (
+                    f"publish.require_rebuilds is {needed}; {manifest.digest[:19]} carries signed rebuilds that "
+                    f"gave its image ID from {len(agreed)} rebuilder key(s): {trust.agreement_line(agreed)}"
+                )
+            publisher.report(
+                f"{cell.name}: {image_id[7:19]} rebuilt to the same image ID by {trust.agreement_line(agreed)}, "
+                "and staged on the stage's builder (its signed provenance)"
             )
         found_reports = evidence.reports
     gated = reports.gate(found_reports, image_id, cell.gpu_gate)
@@ -306,8 +312,8 @@ def _staged(
 
 
 def required_rebuilds(grid: Matrix) -> int:
-    """Signed rebuilds a tag waits for: publish.require_rebuilds, and at least the one the emitted
-    CI's rebuild job makes where ci.rebuild_check is on."""
+    """Rebuilder keys whose signed rebuilds a tag waits for: publish.require_rebuilds, and at least
+    the one the emitted CI's rebuild job makes where ci.rebuild_check is on."""
     return max(grid.spec.publish.require_rebuilds, 1 if grid.spec.ci.rebuild_check else 0)
 
 
@@ -324,8 +330,8 @@ def promote(
         )
         if required_rebuilds(grid):
             raise UserError(
-                "publish.require_rebuilds counts rebuilds the team's key signed: give it (--key, or "
-                f"{trust.KEY_ENVIRONMENT}); nothing promoted",
+                "publish.require_rebuilds counts rebuilds only beside the team's signed provenance: give the "
+                f"team's public key (--key, or {trust.KEY_ENVIRONMENT}); nothing promoted",
                 grid.path,
             )
     items = gate_in_registry(publisher, cells, run, staged_record)

@@ -7,6 +7,10 @@ must verify with the key, name exactly that manifest digest and image ID as its 
 signed provenance must name the image's build ID and this checkout's locks. Unsigned reports
 and envelopes from other keys are ignored, not counted.
 
+Rebuilds are the exception: the team's key never vouches for a rebuild (a compromised stage could
+sign its own). Each rebuilder of publish.rebuilders signs with a key of its own, and the quorum
+counts distinct keys whose rebuild gave the staged image's ID (agreeing_rebuilds).
+
 The key: `--key FILE` (a PEM public key), else TORCH_IMAGES_VERIFY_KEY (the PEM text, a CI
 variable), else the public half of the signing key when one is set (whoever signs trusts its
 own signatures).
@@ -21,8 +25,11 @@ from typing import Any
 
 from securesystemslib.signer import CryptoSigner, SSlibKey
 
+from builder import confined, terminal
+from builder.errors import UserError
 from builder.oci.registry import Manifest
 from builder.plan.cell import Cell
+from builder.plan.matrix import Matrix
 from builder.publish import attachments, existing, provenance
 
 KEY_ENVIRONMENT = "TORCH_IMAGES_VERIFY_KEY"  # a PEM public key, for CI's variables
@@ -41,6 +48,52 @@ def trust_key(path: Path | None, signer: CryptoSigner | None) -> SSlibKey | None
     return None
 
 
+@dataclass(frozen=True)
+class Rebuilder:
+    """A party of the rebuild quorum: its name in publish.rebuilders and its public key."""
+
+    name: str
+    key: SSlibKey
+
+
+def rebuilders(grid: Matrix, team: SSlibKey | None) -> list[Rebuilder]:
+    """publish.rebuilders with their keys, read from the checkout (never through a link). The team's
+    own key among them is refused, as is one key under two names: either would let one party count
+    for two."""
+    found: list[Rebuilder] = []
+    for name, relative in grid.spec.publish.rebuilders.items():
+        where = f"publish.rebuilders.{name}"
+        path = confined.inside(grid.path.resolve().parent, relative, where)
+        data = confined.read_bytes(path, provenance.MAX_KEY_BYTES)
+        key = provenance.public_key_from_pem(data, f"{where} ({relative})")
+        if team is not None and key.keyid == team.keyid:
+            raise UserError(f"{where} is the team's own key; a rebuild counts only under a rebuilder's own key")
+        twin = next((r.name for r in found if r.key.keyid == key.keyid), None)
+        if twin is not None:
+            raise UserError(f"{where} is the same key as publish.rebuilders.{twin}; one key counts once")
+        found.append(Rebuilder(name, key))
+    return found
+
+
+def agreeing_rebuilds(door: attachments.Door, digest: str, image_id: str, quorum: list[Rebuilder]) -> dict[str, str]:
+    """Rebuilder name -> the builder its signed rebuild names, for each rebuilder whose own key
+    signed a rebuild of exactly this digest that gave `image_id`. One key counts once, however
+    many statements or engine names it signed."""
+    agreed: dict[str, str] = {}
+    for rebuilder in quorum:
+        for signed in door.signed(digest, image_id, rebuilder.key, provenance.MAX_VERIFIED):
+            engine = provenance.rebuild_engine(signed.predicate, image_id)
+            if signed.predicate_type == provenance.REBUILD and engine is not None:
+                agreed[rebuilder.name] = engine
+                break
+    return agreed
+
+
+def agreement_line(agreed: dict[str, str]) -> str:
+    """Who agreed, for promote's and verify's lines: `alice (Docker 29 …), bob (…)`."""
+    return ", ".join(f"{name} ({terminal.quoted(engine, 80)})" for name, engine in sorted(agreed.items())) or "none"
+
+
 @dataclass
 class Evidence:
     """The statements `key` signed about one image: its self-test reports, and whether its
@@ -48,7 +101,6 @@ class Evidence:
 
     reports: list[dict[str, Any]] = field(default_factory=list)
     provenance_problem: str | None = "no signed provenance from the trusted key"
-    rebuilt_on: set[str] = field(default_factory=set)  # engines whose signed rebuild gave this image ID
 
 
 def signed_evidence(door: attachments.Door, manifest: Manifest, image_id: str, cell: Cell | None,
@@ -64,10 +116,6 @@ def signed_evidence(door: attachments.Door, manifest: Manifest, image_id: str, c
         predicate = signed.predicate
         if signed.predicate_type == provenance.SELFTEST:
             evidence.reports.append(predicate)
-        elif signed.predicate_type == provenance.REBUILD:
-            engine = provenance.rebuild_engine(predicate, image_id)
-            if engine is not None:
-                evidence.rebuilt_on.add(engine)
         elif signed.predicate_type == provenance.PROVENANCE:
             problem = provenance.provenance_problem(predicate, build_id, cell)
             if evidence.provenance_problem is not None:  # one signed provenance that holds is enough

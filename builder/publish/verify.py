@@ -23,7 +23,7 @@ from builder.config import grammar
 from builder.errors import UserError
 from builder.oci.registry import DIGEST, IMAGE_TYPES, INDEX_TYPES, Manifest, Registry, json_object
 from builder.plan.matrix import Matrix
-from builder.publish import attachments, provenance, reports, soci
+from builder.publish import attachments, provenance, reports, soci, trust
 from builder.publish.publish import ARTIFACT_TYPES
 from builder.terminal import quoted, without_password
 
@@ -278,7 +278,8 @@ def _check_attestations(
     """Each DSSE envelope signed by `key`, about this digest and image; the provenance's inputs
     as this checkout commits them; and which attestations are missing."""
     kinds: set[str] = set()
-    rebuilt_on: set[str] = set()
+    quorum = trust.rebuilders(grid, key) if grid is not None else []
+    agreed: dict[str, str] = {}
     for number, envelope in enumerate(envelopes, 1):
         named = envelope.annotations.get(provenance.PREDICATE_ANNOTATION) or envelope.annotations.get(
             provenance.COSIGN_PREDICATE_ANNOTATION
@@ -289,6 +290,14 @@ def _check_attestations(
                 f"{where}: signed keyless (a Sigstore certificate), not by a key: not checked here; "
                 "`gh attestation verify` or cosign's --certificate-identity checks it"
             )
+            continue
+        rebuild = _rebuilder_statement(envelope, found, quorum)
+        if rebuild is not None:  # a rebuilder's, signed with its own key
+            name, engine = rebuild
+            if engine is None:
+                found.problems.append(f"{where}: {name}'s signed rebuild did not give this image ID")
+            else:
+                agreed[name] = engine
             continue
         try:
             statement = provenance.verified_statement(
@@ -309,13 +318,8 @@ def _check_attestations(
             kind = "gpu" if smoke.why_not_a_gpu_pass(predicate, found.image_id) is None else "cpu"
             kinds.add(f"{kind} self-test")
             found.lines.append(f"signed {kind} self-test on {quoted(predicate.get('device'))}: pass")
-        elif predicate_type == provenance.REBUILD:
-            engine = provenance.rebuild_engine(predicate, found.image_id)
-            if engine is None:
-                found.problems.append(f"{where}: a signed rebuild that did not give this image ID")
-                continue
-            rebuilt_on.add(engine)
-            found.lines.append(f"signed rebuild on {quoted(engine, 80)}: the same image ID")
+        elif predicate_type == provenance.REBUILD:  # the team's key vouches for no rebuild: not counted
+            found.lines.append("a rebuild signed by the given key: not counted (rebuilders sign with their own)")
         elif predicate_type == provenance.OPENVEX:
             statements = predicate.get("statements")
             named = [s.get("vulnerability", {}).get("name") for s in statements or [] if isinstance(s, dict)]
@@ -337,13 +341,11 @@ def _check_attestations(
                 f"signed test result ({provenance.TEST_RESULT}): {quoted(predicate.get('result'), 20)}, "
                 f"{quoted(notes.get('kind'), 8)} on {quoted(notes.get('device'))}"
             )
-    found.lines.append(
-        f"signed rebuilds that gave this image ID: {len(rebuilt_on)}"
-        + (f" ({', '.join(quoted(e, 80) for e in sorted(rebuilt_on))})" if rebuilt_on else "")
-    )
+    if quorum:
+        found.lines.append(f"rebuilder keys whose signed rebuild gave this image ID: {trust.agreement_line(agreed)}")
     required = grid.spec.publish.require_rebuilds if grid is not None else 0
-    if len(rebuilt_on) < required:
-        found.problems.append(f"publish.require_rebuilds is {required}; {len(rebuilt_on)} signed rebuilds agree")
+    if len(agreed) < required:
+        found.problems.append(f"publish.require_rebuilds is {required}; {len(agreed)} rebuilder keys agree")
     needed = {
         "provenance": "provenance" in kinds,
         "cpu self-test": bool(kinds & {"cpu self-test", "gpu self-test"}),  # a GPU pass is a pass too
@@ -352,6 +354,23 @@ def _check_attestations(
     missing = [kind for kind, present in needed.items() if not present]
     for kind in missing:
         found.problems.append(f"no signed {kind} attestation from the given key")
+
+
+def _rebuilder_statement(
+    envelope: Artifact, found: ImageFindings, quorum: list[trust.Rebuilder]
+) -> tuple[str, str | None] | None:
+    """(rebuilder, the builder it names or None where it gave another image) for a rebuild signed
+    by one of the quorum's keys about this digest and image; None when no rebuilder signed it."""
+    for rebuilder in quorum:
+        try:
+            statement = provenance.verified_statement(
+                envelope.document, envelope.artifact_type, rebuilder.key, found.digest, found.image_id
+            )
+        except UserError:
+            continue
+        if statement.get("predicateType") == provenance.REBUILD and isinstance(statement.get("predicate"), dict):
+            return rebuilder.name, provenance.rebuild_engine(statement["predicate"], found.image_id)
+    return None
 
 
 def _check_provenance(predicate: dict[str, Any], found: ImageFindings, grid: Matrix | None) -> None:

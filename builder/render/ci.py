@@ -61,6 +61,7 @@ def workflow(grid: Matrix, system: str, registry: str | None = None, names: list
     chosen = grid.select(names) if names else [c for c in grid.cells if not left_out(grid, c)]
     if not chosen:
         raise UserError("ci.exclude leaves no cell to make a job of: name the cells (`ci github CELL ...`)", grid.path)
+    _check_quorum_reachable(grid, system)
     not_jobs = [c for c in grid.cells if c not in chosen]
     for cell in grid.cells:  # cell names are made of validated fields; say so here too
         if not grammar.TAG.matches(cell.name):
@@ -91,6 +92,26 @@ def workflow(grid: Matrix, system: str, registry: str | None = None, names: list
     }
     render.check_values(values, "ci")
     return render.environment().get_template(f"ci/{system}.yml.j2").render(values)
+
+
+def _check_quorum_reachable(grid: Matrix, system: str) -> None:
+    """The emitted promote job runs once the run's own jobs are done: a quorum of signed rebuilds
+    that they do not make would hold every tag for good, so it is refused here, in one line."""
+    made = 1 if grid.spec.ci.rebuild_check and system == "github" else 0
+    if grid.spec.ci.rebuild_check and not made:
+        raise UserError(
+            f"ci.rebuild_check: `ci {system}` emits no rebuild job, so promote would wait for one forever; "
+            "leave it out, and rebuild with `verify --rebuild --sign-key` beside the pipeline",
+            grid.path,
+        )
+    wanted = grid.spec.publish.require_rebuilds
+    if wanted > made:
+        raise UserError(
+            f"publish.require_rebuilds is {wanted}, and the emitted workflow makes {made} signed rebuild(s) "
+            "(ci.rebuild_check) before its promote job: that job could never move a tag; lower it to "
+            f"{made}, and promote by hand (`publish --promote`) once the other rebuilders signed",
+            grid.path,
+        )
 
 
 def _promote_needs(grid: Matrix, chosen: list[Cell]) -> list[str]:

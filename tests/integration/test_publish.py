@@ -1045,41 +1045,56 @@ def test_a_rebuild_names_the_first_differing_layer_and_its_paths_and_another_loc
     assert {image.id for image in built.client.images.list(all=True)} <= before  # nothing built
 
 
-def test_promote_waits_for_the_signed_rebuilds_the_matrix_requires(
+def test_promote_counts_rebuilder_keys_that_agree_and_never_the_teams_key_or_one_key_twice(
     built: BuiltCell,
     smoke_result: smoke.SmokeResult,
     start_registry,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
 ) -> None:
-    """Issue 48: with publish.require_rebuilds, a tag moves only when that many signed rebuilds,
-    each on an engine of its own, gave the staged image's ID; one that names another image, or
-    another digest, does not count, and a missing one holds the tag."""
+    """Issue 55: with publish.require_rebuilds: 2, a tag moves only when two rebuilder keys of
+    publish.rebuilders signed a rebuild that gave the staged image's ID. One key holder cannot move
+    it: not with the team's key, not with one rebuilder key under two engine names (classic and
+    BuildKit, say); a rebuild of another image does not count. alice and bob agreeing do."""
     private, public = _key_files(tmp_path / "team")
     signer, key = provenance.load_signer(private), provenance.load_public_key(public)
     assert signer is not None
     running = start_registry(seeded=True)
     grid, api, say, records, readme = _ci_setting(built, running, tmp_path, monkeypatch)
-    grid.spec = grid.spec.model_copy(update={"publish": grid.spec.publish.model_copy(update={"require_rebuilds": 2})})
+    keys: dict[str, CryptoSigner] = {}
+    for name in ("alice", "bob"):
+        rebuilder_private, _ = _key_files(tmp_path / "rebuilders" / name)
+        loaded = provenance.load_signer(rebuilder_private)
+        assert loaded is not None
+        keys[name] = loaded
+    quorum = {"require_rebuilds": 2, "rebuilders": {n: f"rebuilders/{n}/signing.pub" for n in keys}}
+    grid = replace(grid, path=tmp_path / "matrix.yaml")  # the rebuilders' keys are read beside it
+    grid.spec = grid.spec.model_copy(update={"publish": grid.spec.publish.model_copy(update=quorum)})
     [staged] = staging.stage(Publisher(api, grid, say, built.client, signer), [built.cell], "q1")
     subject = api.manifest("torch", staging.staging_tag(built.grid, built.cell, "q1"))
     assert subject is not None
     about = provenance.Subject(f"{running.host}/torch", subject.digest, staged.image_id, staged.build_id)
+    said: list[str] = []
 
-    def rebuilt(engine: str, image_id: str, on: Manifest) -> None:
-        other = replace(about, image_id=image_id, digest=on.digest)
-        statement = provenance.rebuild_statement(other, engine, "test", "2026-12-06T00:00:00Z")
-        attachments.Door(api, "torch").attach_statement(
-            on, f"q1.rebuild-{abs(hash(engine + image_id))}", statement, signer
-        )
+    def rebuilt(by: CryptoSigner, engine: str, image_id: str) -> None:
+        statement = provenance.rebuild_statement(replace(about, image_id=image_id), engine, "test", "2026-12-07T00:00Z")
+        tag = f"q1.rebuild-{hashlib.sha256((by.public_key.keyid + engine + image_id).encode()).hexdigest()[:12]}"
+        attachments.Door(api, "torch").attach_statement(subject, tag, statement, by)
 
-    with pytest.raises(UserError, match=r"publish\.require_rebuilds is 2; .* carries 0 signed rebuilds"):
-        staging.promote(Publisher(api, grid, say, key=key), [built.cell], "q1", Records(records, readme))
-    rebuilt("Docker 20.10.24 (overlay2)", staged.image_id, subject)
-    rebuilt("Docker 29.1.3 (containerd store)", "sha256:" + "d" * 64, subject)  # disagreed: it gave another image
-    with pytest.raises(UserError, match="carries 1 signed rebuilds"):
-        staging.promote(Publisher(api, grid, say, key=key), [built.cell], "q1", Records(records, readme))
+    def promote() -> list[publish.Publication]:
+        return staging.promote(Publisher(api, grid, said.append, key=key), [built.cell], "q1", Records(records, readme))
+
+    with pytest.raises(UserError, match=r"publish\.require_rebuilds is 2; .* from 0 rebuilder key\(s\): none"):
+        promote()
+    rebuilt(signer, "Docker 20.10.24 (overlay2)", staged.image_id)  # the team's own: never a rebuilder
+    rebuilt(signer, "Docker 29.1.3 (containerd store)", staged.image_id)
+    rebuilt(keys["alice"], "Docker 20.10.24 (overlay2)", staged.image_id)
+    rebuilt(keys["alice"], "Docker 20.10.24 (overlay2), BuildKit", staged.image_id)  # one key, two "engines"
+    rebuilt(keys["bob"], "Docker 29.1.3 (containerd store)", "sha256:" + "d" * 64)  # disagreed: another image
+    with pytest.raises(UserError, match=r"from 1 rebuilder key\(s\): alice \(\"Docker 20\.10\.24"):
+        promote()
     assert api.manifest("torch", built.cell.tag) is None
-    rebuilt("Docker 29.1.3 (containerd store)", staged.image_id, subject)
-    [promoted] = staging.promote(Publisher(api, grid, say, key=key), [built.cell], "q1", Records(records, readme))
+    rebuilt(keys["bob"], "Docker 29.1.3 (containerd store)", staged.image_id)
+    [promoted] = promote()
     assert promoted.digest == staged.digest
+    assert any("rebuilt to the same image ID by alice" in line and "bob" in line for line in said)

@@ -345,7 +345,36 @@ def test_the_rebuild_check_builds_each_cell_again_with_buildkit_and_promote_wait
     assert checked.returncode == 0, checked.stdout + checked.stderr
     jobs = yaml.safe_load(text)["jobs"]
     assert jobs["rebuild"]["needs"] == "cell" and "rebuild" in jobs["promote"]["needs"]
-    [run] = [s["run"] for s in jobs["rebuild"]["steps"] if "--rebuild" in s.get("run", "")]
-    assert "--backend buildkit" in run and '"$IMAGE@$digest"' in run
+    [step] = [s for s in jobs["rebuild"]["steps"] if "--rebuild" in s.get("run", "")]
+    assert "--backend buildkit" in step["run"] and '"$IMAGE:$tag@$digest"' in step["run"]
+    # a rebuilder key of its own, never the team's (promote would not count the team's)
+    assert set(step["env"]) == {"TORCH_IMAGES_REBUILD_KEY"} and "TORCH_IMAGES_SIGNING_KEY" not in str(jobs["rebuild"])
     assert not any("--backend" in s.get("run", "") for s in jobs["cell"]["steps"])  # the cell job: classic
     assert staging.required_rebuilds(grid) == 1
+
+
+@pytest.mark.parametrize(
+    ("system", "ci_update", "publish_update", "refusal"),
+    [
+        ("gitlab", {"rebuild_check": True}, {}, "`ci gitlab` emits no rebuild job"),
+        ("github", {}, {"require_rebuilds": 1}, "the emitted workflow makes 0 signed rebuild(s)"),
+        (
+            "github",
+            {"rebuild_check": True},
+            {"require_rebuilds": 2},
+            "require_rebuilds is 2, and the emitted workflow makes 1",
+        ),
+    ],
+)
+def test_a_quorum_the_emitted_workflow_cannot_meet_is_refused_in_one_line(
+    grid, system: str, ci_update: dict[str, object], publish_update: dict[str, object], refusal: str
+) -> None:  # type: ignore[no-untyped-def]
+    grid.spec = grid.spec.model_copy(
+        update={
+            "ci": grid.spec.ci.model_copy(update=ci_update),
+            "publish": grid.spec.publish.model_copy(update=publish_update),
+        }
+    )
+    with pytest.raises(UserError, match=re.escape(refusal)) as refused:
+        ci.workflow(grid, system)
+    assert "\n" not in refused.value.line()
