@@ -151,6 +151,7 @@ def cell_base(
     if found is not None:
         return found
     house = house or wheelhouse.Wheelhouse(report=report)
+    house.report = report  # its lines (a wait for the wheelhouse address) are this build's
     report(f"{cell.base.name}: fetching and verifying its {len(files)} locked packages")
     aptrepo.publish(house, cell.base, files)
     with wheelserver.serve(house, grid.spec.wheelhouse.listen) as url:
@@ -311,7 +312,7 @@ IN_REGISTRY_DIR = "in-registry"  # under the cache: the build ID `build --skip-e
 
 def record_in_registry(cell: Cell, build_id: str) -> None:
     """Keep the build ID a build found in the registry, for the stage that follows it in the same
-    job (publish --stage): it reads it here instead of bootstrapping the base again to compute it."""
+    job (publish stage): it reads it here instead of bootstrapping the base again to compute it."""
     (paths.cache_dir(IN_REGISTRY_DIR) / cell.name).write_text(build_id + "\n")
 
 

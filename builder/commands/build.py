@@ -24,7 +24,9 @@ from builder.commands.common import (
 from builder.engine import daemon
 from builder.errors import UserError
 from builder.lock.inputs import CellLocks
+from builder.oci.registry import Registry
 from builder.plan import matrix
+from builder.plan.cell import Cell
 from builder.publish import existing
 from builder.repro import recorded
 from builder.terminal import SafeConsole
@@ -116,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     registry = registry_of(grid, args) if args.skip_existing else None
     try:
         for cell in cells:
-            published = functools.partial(existing.is_published, registry, grid, cell) if registry else None
+            published = functools.partial(_published_or_unknown, registry, grid, cell) if registry else None
             results.append(_build_and_test(client, grid, checked[cell.name], house, args, published))
     finally:
         if args.keep_build_cache:
@@ -132,6 +134,18 @@ def run(args: argparse.Namespace) -> int:
     SafeConsole(width=200).print(table)
     # A build that contradicts its cell's record fails, online and offline alike (its state says so).
     return 0 if all(not r.state.failed for r in results) else 1
+
+
+def _published_or_unknown(registry: Registry, grid: matrix.Matrix, cell: Cell, build_id: str) -> bool:
+    """`--skip-existing`: whether the build ID is under the cell's versioned tag. CI builds with no
+    registry credentials (they come after the build): a registry that will not answer without them
+    says nothing either way, and the cell is built."""
+    try:
+        return existing.is_published(registry, grid, cell, build_id)
+    except UserError as unread:
+        console.print(f"{cell.name}: cannot tell whether build ID {build_id[:12]} is published ({unread.line()}); "
+                      "building it", highlight=False)  # fmt: skip
+        return False
 
 
 def _build_and_test(

@@ -1,8 +1,18 @@
-"""`python -m builder publish`: push self-tested cells, their SBOM and report, then aliases."""
+"""`python -m builder publish VERB`: one verb a command (bashbrew's build / push / put-shared).
+
+- `push`: push self-tested cells from this engine, their SBOM and report, then aliases (one machine).
+- `stage`, `sign`, `gpu-test`, `promote`: CI's steps across jobs (docs/ci.md): stage pushes under a
+  staging tag with no key; sign, in a job that runs no build code and no image, signs what the run
+  staged; gpu-test self-tests a staged image on a GPU; promote moves the tags once the gate holds.
+- `prune`: delete superseded reports.
+
+Each verb builds its Publisher here, from the options it has, and hands it down whole.
+"""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 from builder.commands.common import (
@@ -15,124 +25,169 @@ from builder.commands.common import (
     use_registry_option,
 )
 from builder.engine import daemon
-from builder.errors import UserError
-from builder.publish import provenance, prune, publish, staging, trust
+from builder.plan.matrix import Matrix
+from builder.publish import provenance, prune, publish, signing, staging, trust
+from builder.publish.publication import Publication
 from builder.publish.publisher import Publisher
+
+CREDENTIALS = (
+    "Credentials as docker finds them (~/.docker/config.json: auths, credHelpers, credsStore; `docker login` "
+    "writes them), else TORCH_IMAGES_REGISTRY_USER and TORCH_IMAGES_REGISTRY_PASSWORD."
+)
 
 
 def add(register: Register) -> None:
     publish_cmd = register(
         "publish",
-        "push cells whose self-test passed for that exact image ID, then their SBOM and report, then aliases",
-        "Needs the engine and the registry; credentials as docker finds them (~/.docker/config.json: auths, "
-        "credHelpers, credsStore; `docker login` writes them), else TORCH_IMAGES_REGISTRY_USER and "
-        "TORCH_IMAGES_REGISTRY_PASSWORD; token and basic authentication. Writes published/<cell>.json beside "
-        "the matrix.",
+        "publish cells: push from this engine, or CI's stage / sign / gpu-test / promote, or prune reports",
+        "One verb a command; `publish VERB --help` lists its own options. " + CREDENTIALS,
     )
-    publish_cmd.add_argument("cells", nargs="*", help="cells to publish (default: the flagship)")
-    publish_cmd.add_argument("--all", action="store_true", help="every buildable cell")
-    registry_options(publish_cmd, "push here instead of matrix.yaml's registry: HOST[:PORT][/REPOSITORY]")
-    stages = publish_cmd.add_mutually_exclusive_group()
-    stages.add_argument(
-        "--stage",
-        action="store_true",
-        help="CI, per cell: push the self-tested image under <tag>.staging-RUN with its SBOM and report attached; "
-        "moves no versioned tag or alias (a cell --skip-existing did not build is staged from the registry)",
+    verbs = publish_cmd.add_subparsers(
+        dest="verb", metavar="VERB", required=True, help="what to do (one verb a command)"
     )
-    stages.add_argument(
-        "--promote",
-        action="store_true",
-        help="CI, once every cell passed: gate on the reports attached in the registry (no engine or image needed), "
-        "then point the versioned tags at the staged images and move the aliases",
-    )
-    stages.add_argument(
-        "--gpu-test",
-        action="store_true",
-        help="CI's GPU stage, on a runner with GPUs and the NVIDIA container toolkit: pull each CUDA cell's staged "
-        "image, self-test it with every GPU, and attach the report to its digest beside the others",
-    )
-    stages.add_argument(
-        "--prune-reports",
-        action="store_true",
-        help="on each cell's published images: delete the self-test reports of another image and each device's "
-        "older passes (a failed report of the image is never deleted), with their signed statements",
-    )
-    publish_cmd.add_argument(
-        "--sign-key",
-        type=Path,
-        metavar="FILE",
-        help="sign each image's provenance (in-toto, SLSA v1) and self-test reports with this private key (PEM, "
-        f"Ed25519 or ECDSA P-256) and attach them as DSSE envelopes; default: the PEM in {provenance.KEY_ENVIRONMENT} "
-        "if set, else unsigned",
-    )
-    publish_cmd.add_argument(
-        "--key",
-        type=Path,
-        metavar="FILE",
-        help="with --promote and --gpu-test: the team's public key (PEM); only reports and provenance it signed "
-        "about the staged digest open the gate. Default: the PEM in "
-        f"{trust.KEY_ENVIRONMENT}, else the public half of the signing key, else unsigned reports (said so)",
-    )
-    publish_cmd.add_argument(
-        "--compression",
-        choices=["gzip", "zstd"],
-        help="zstd: also push each image with zstd layers under <tag>-zstd and <alias>-zstd (the same image ID; "
-        "containerd >= 1.5 and Docker >= 23 pull it); gzip stays under the plain tags. Default: matrix.yaml's "
-        "publish.compression, else gzip",
-    )
-    publish_cmd.add_argument(
+    for name, summary, options, run in (
+        ("push", "push self-tested cells, their SBOM and report, then their aliases (needs the engine); "
+         "writes published/<cell>.json beside the matrix", (_sign_key, _compression), _push),
+        ("stage", "CI, per cell: push the self-tested image under <tag>.staging-RUN with its SBOM and report "
+         "attached, signing nothing; moves no versioned tag or alias", (_run, _staged_record_out, _compression),
+         _stage),
+        ("sign", "CI, in a job that runs no build code and no image: sign with the team's key what the run staged "
+         "(provenance, and the documents its jobs recorded attaching), read from the registry",
+         (_run, _staged_record_in, _sign_key, _compression), _sign),
+        ("gpu-test", "CI's GPU stage, on a runner with GPUs and the NVIDIA container toolkit: self-test each CUDA "
+         "cell's staged image with every GPU and attach the report to its digest, signing nothing",
+         (_run, _staged_record_out, _key, _compression), _gpu_test),
+        ("promote", "CI, once every job passed: gate on the registry alone, then point the versioned tags at the "
+         "staged images and move the aliases", (_run, _staged_record_in, _key, _compression), _promote),
+        ("prune", "on each cell's published images: delete the self-test reports of another image and each "
+         "device's older passes, with their signed statements", (_key, _compression), _prune),
+    ):  # fmt: skip
+        verb = verbs.add_parser(name, help=summary, description=summary)
+        verb.add_argument("cells", nargs="*", help="cells (default: the flagship)")
+        verb.add_argument("--all", action="store_true", help="every buildable cell")
+        registry_options(verb, "this registry instead of matrix.yaml's: HOST[:PORT][/REPOSITORY]")
+        for option in options:
+            option(verb)
+        verb.set_defaults(func=run)
+
+
+def _run(verb: argparse.ArgumentParser) -> None:
+    verb.add_argument("--run", default="local", help="the run ID that ties a run's jobs (CI's run number)")
+
+
+def _staged_record_out(verb: argparse.ArgumentParser) -> None:
+    verb.add_argument(
         "--staged-record",
         type=Path,
         metavar="DIR",
-        help="with --stage: write there what was staged (<tag>.json: tag and digest; CI carries it to promote as an "
-        "artifact); with --promote: move only staging tags that still point at what those files name",
+        help="write there what was staged or attached (<tag>.json, <tag>.gpu.json: the digest and the sha256 of "
+        "each document attached), for CI to carry to sign and promote as an artifact",
     )
-    publish_cmd.add_argument(
-        "--run", default="local", help="with --stage and --promote: the run ID that ties them (CI's run number)"
-    )
-    publish_cmd.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def _staged_record_in(verb: argparse.ArgumentParser) -> None:
+    verb.add_argument(
+        "--staged-record",
+        type=Path,
+        metavar="DIR",
+        help="what stage and gpu-test wrote: promote moves only staging tags that still point at the digests "
+        "named there; sign signs only documents with the sha256 named there attached to that digest",
+    )
+
+
+def _sign_key(verb: argparse.ArgumentParser) -> None:
+    verb.add_argument(
+        "--sign-key",
+        type=Path,
+        metavar="FILE",
+        help="the team's private key (PEM, Ed25519 or ECDSA P-256): signs provenance (in-toto, SLSA v1), reports "
+        f"and SBOM as DSSE envelopes; default: the PEM in {provenance.KEY_ENVIRONMENT} if set, else unsigned",
+    )
+
+
+def _key(verb: argparse.ArgumentParser) -> None:
+    verb.add_argument(
+        "--key",
+        type=Path,
+        metavar="FILE",
+        help="the team's public key (PEM): only what it signed about the staged digest counts. Default: the PEM "
+        f"in {trust.KEY_ENVIRONMENT}, else unsigned reports (said so)",
+    )
+
+
+def _compression(verb: argparse.ArgumentParser) -> None:
+    verb.add_argument(
+        "--compression",
+        choices=["gzip", "zstd"],
+        help="zstd: each image also under <tag>-zstd and <alias>-zstd (the same image ID); default: matrix.yaml's "
+        "publish.compression, else gzip",
+    )
+
+
+def _setting(args: argparse.Namespace) -> tuple[Matrix, Callable[[str], None]]:
+    """The matrix with --registry and --compression applied, and where lines go."""
     grid = grid_of(args)
     use_registry_option(grid, args)
     if args.compression:
         chosen = grid.spec.publish.model_copy(update={"compression": args.compression})
         grid.spec = grid.spec.model_copy(update={"publish": chosen})
-    cells, say = cells_of(args, grid), lambda text: console.print(text)
-    if args.key is not None and not (args.promote or args.gpu_test or args.prune_reports):
-        raise UserError(
-            "--key: only --promote, --gpu-test and --prune-reports read reports from the registry; drop it here"
-        )
-    if args.staged_record is not None and not (args.stage or args.promote):
-        raise UserError("--staged-record: --stage writes it and --promote reads it; drop it here")
-    if args.prune_reports:
-        if args.sign_key is not None or args.staged_record is not None:
-            raise UserError("--prune-reports reads and deletes reports only; drop --sign-key and --staged-record")
-        # With --key, which passes the team signed is checked; without, any statement counts as signed.
-        prune.prune(registry_of(grid, args), grid, cells, say, trust.trust_key(args.key, None))
-        return 0
+    return grid, lambda text: console.print(text)
+
+
+def _push(args: argparse.Namespace) -> int:
+    grid, say = _setting(args)
+    options = publish.PublishOptions(
+        ca_file=args.registry_ca, insecure=args.insecure_registry, signer=provenance.load_signer(args.sign_key)
+    )
+    _print_published(grid, publish.publish(daemon.client(), grid, cells_of(args, grid), say, options))
+    return 0
+
+
+def _stage(args: argparse.Namespace) -> int:
+    grid, say = _setting(args)
+    staging.check_run(args.run)
+    publisher = Publisher(registry_of(grid, args), grid, say, daemon.client())
+    items = staging.stage(publisher, cells_of(args, grid), args.run)
+    for item in items:
+        console.print(f"{item.cell.name}: staged {grid.spec.registry}/{grid.spec.repository}:{item.target}")
+    if args.staged_record is not None:
+        staging.write_staged(publisher, args.run, items, args.staged_record)
+    return 0
+
+
+def _sign(args: argparse.Namespace) -> int:
+    grid, say = _setting(args)
     signer = provenance.load_signer(args.sign_key)
-    key = trust.trust_key(args.key, signer)
-    if args.stage or args.promote or args.gpu_test:
-        staging.check_run(args.run)
-        registry = registry_of(grid, args)
-        if args.gpu_test:
-            publisher = Publisher(registry, grid, say, daemon.client(), signer, key)
-            failures = staging.gpu_test(publisher, cells, args.run)
-            return 0 if all(why is None for why in failures) else 1
-        if args.stage:
-            items = staging.stage(Publisher(registry, grid, say, daemon.client(), signer), cells, args.run)
-            for item in items:
-                console.print(f"{item.cell.name}: staged {grid.spec.registry}/{grid.spec.repository}:{item.target}")
-            if args.staged_record is not None:
-                staging.write_staged(args.staged_record, grid, args.run, items)
-            return 0
-        publisher = Publisher(registry, grid, say, key=key)
-        items = staging.promote(publisher, cells, args.run, staged_record=args.staged_record)
-    else:
-        options = publish.PublishOptions(ca_file=args.registry_ca, insecure=args.insecure_registry, signer=signer)
-        items = publish.publish(daemon.client(), grid, cells, say, options)
+    publisher = Publisher(registry_of(grid, args), grid, say, signer=signer)
+    for line in signing.sign(publisher, cells_of(args, grid), args.run, args.staged_record or Path("staged")):
+        console.print(line)
+    return 0
+
+
+def _gpu_test(args: argparse.Namespace) -> int:
+    grid, say = _setting(args)
+    staging.check_run(args.run)
+    publisher = Publisher(registry_of(grid, args), grid, say, daemon.client(), key=trust.trust_key(args.key, None))
+    failures = staging.gpu_test(publisher, cells_of(args, grid), args.run, args.staged_record)
+    return 0 if all(why is None for why in failures) else 1
+
+
+def _promote(args: argparse.Namespace) -> int:
+    grid, say = _setting(args)
+    staging.check_run(args.run)
+    publisher = Publisher(registry_of(grid, args), grid, say, key=trust.trust_key(args.key, None))
+    _print_published(grid, staging.promote(publisher, cells_of(args, grid), args.run, staged_record=args.staged_record))
+    return 0
+
+
+def _prune(args: argparse.Namespace) -> int:
+    grid, say = _setting(args)
+    # With --key, which passes the team signed is checked; without, any statement counts as signed.
+    prune.prune(registry_of(grid, args), grid, cells_of(args, grid), say, trust.trust_key(args.key, None))
+    return 0
+
+
+def _print_published(grid: Matrix, items: list[Publication]) -> None:
     for item in items:
         state = "unchanged" if item.unchanged and not item.moved_aliases else "published"
         where = f" ({item.cell.platform} {item.target} {item.digest})" if item.tag_digest else ""
@@ -140,4 +195,3 @@ def run(args: argparse.Namespace) -> int:
             f"{item.cell.name}: {state} {grid.spec.registry}/{grid.spec.repository}:{item.cell.tag} "
             f"{item.points_to}{where}"
         )
-    return 0

@@ -3,7 +3,7 @@ reason. Beside matrix.yaml, optional, and reviewed like code (it arrives through
 so it is read with the same bounded loader and grammars as the matrix).
 
 Each statement becomes an OpenVEX statement (`not_affected`, with OpenVEX's justification and the
-team's impact statement) that `publish --sign-key` signs and attaches to every image it names,
+team's impact statement) that `publish push --sign-key` signs and attaches to every image it names,
 so that scanners reading VEX show the finding as not affecting the image, with the reason; and
 `audit` lists the finding as not affected instead of counting it against `--fail-on`.
 

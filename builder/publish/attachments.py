@@ -141,7 +141,7 @@ class Door:
         decodes (for what it says, never for trust). More than `most` listed is refused."""
         entries = self.listed(subject, provenance.SIGNED_TYPES)
         self.at_most(entries, most, subject, "attestations", "remove the ones that are not the team's "
-                     "(publish --prune-reports)")  # fmt: skip
+                     "(publish prune)")  # fmt: skip
         found = []
         for attachment in self.proven(subject, entries, provenance.SIGNED_TYPES):
             try:
@@ -169,7 +169,7 @@ class Door:
         kind = [reports.SELFTEST_TYPE]
         entries = self.listed(subject, kind)
         self.at_most(entries, reports.MAX_REPORTS, subject, "self-test reports",
-                     "remove the stale ones (publish --prune-reports)")  # fmt: skip
+                     "remove the stale ones (publish prune)")  # fmt: skip
         return [self.document(found, smoke.MAX_REPORT_BYTES) for found in self.proven(subject, entries, kind)]
 
     # Writes: what the builder made, attached by digest.

@@ -1,4 +1,4 @@
-"""`publish --prune-reports CELL...`: the self-test reports a published image no longer needs.
+"""`publish prune CELL...`: the self-test reports a published image no longer needs.
 
 Every GPU run attaches one more report to a digest (and, with a key, its two signed statements),
 and the gates read at most reports.MAX_REPORTS of them. Pruning deletes only what it can prove

@@ -24,7 +24,7 @@ class Publication:
     unchanged: bool = False
     moved_aliases: list[str] = field(default_factory=list)
     attached: list[str] = field(default_factory=list)  # artifacts this run attached (sbom, selftest)
-    staging_tag: str = ""  # pushed under this tag instead of the versioned one (publish --stage)
+    staging_tag: str = ""  # pushed under this tag instead of the versioned one (publish stage)
     image_tag: str = ""  # `<tag>-<arch>` when the versioned tag is a multi-arch index (multiarch.py)
     tag_digest: str = ""  # what the versioned tag points at, when not the image itself: the index
     gpu_report: dict[str, Any] | None = None  # the passing GPU self-test a CUDA cell's gate read

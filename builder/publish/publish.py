@@ -83,8 +83,8 @@ def gate(engine: docker.DockerClient, grid: Matrix, cells: list[Cell]) -> list[P
     if want_gpu:  # a machine without a GPU refuses every CUDA cell for one reason: said once
         refused.append(
             f"{len(want_gpu)} CUDA cell{'s' if len(want_gpu) > 1 else ''} ({', '.join(want_gpu)}) need a passing GPU "
-            "self-test, which this machine cannot give: publish them from CI (`publish --stage`, then the GPU stage, "
-            "`publish --gpu-test`, on a GPU runner), run `build` on a GPU machine, or list them under ci.gpu_optional"
+            "self-test, which this machine cannot give: publish them from CI (`publish stage`, then the GPU stage, "
+            "`publish gpu-test`, on a GPU runner), run `build` on a GPU machine, or list them under ci.gpu_optional"
         )
     if refused:
         raise UserError("refused, nothing pushed: " + " | ".join(refused))

@@ -1,4 +1,4 @@
-"""Layers compressed and uploaded by the builder itself: the zstd form (`publish --compression
+"""Layers compressed and uploaded by the builder itself: the zstd form (`publish push --compression
 zstd`), and the gzip form where the engine cannot push one (Docker 29's containerd image store
 pushes the layers as the builder loaded them, uncompressed).
 

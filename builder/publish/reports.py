@@ -63,7 +63,7 @@ def gate(reports: list[Any], image_id: str, gpu_gate: str) -> Gated | str:
         reasons = sorted({smoke.why_not_a_gpu_pass(r, image_id) or "" for r in reports})
         return GpuMissing(
             f"no passing GPU self-test for image {image_id[7:19]}, which its CUDA tags require "
-            f"({'; '.join(reasons)}); run the workflow's GPU stage (`publish --gpu-test`) on a GPU runner, "
+            f"({'; '.join(reasons)}); run the workflow's GPU stage (`publish gpu-test`) on a GPU runner, "
             "or list the cell under ci.gpu_optional in the matrix"
         )
     return Gated(build_report, on_gpu[0] if on_gpu and gpu_gate != "none" else None)

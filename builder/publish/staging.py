@@ -1,12 +1,12 @@
 """Publishing across machines, as CI does it: each cell's job stages its image, and one job
 promotes them all once every cell passed.
 
-`publish --stage --run ID`: the image is pushed under a staging tag (`<tag>.staging-<ID>`), its
+`publish stage --run ID`: the image is pushed under a staging tag (`<tag>.staging-<ID>`), its
 SBOM and self-test report attached to its digest; no versioned tag or alias moves. A cell whose
 build ID is already under its versioned tag (`build --skip-existing` did not build it) is staged
 by naming that manifest, registry-side, without a local image.
 
-`publish --promote --run ID`: the gate reads the registry alone, so the machine that promotes
+`publish promote --run ID`: the gate reads the registry alone, so the machine that promotes
 needs no engine and no image: every cell's staged image must have a passing self-test report
 attached for exactly that image (its config digest) and an SBOM. Only then do the versioned tags
 take the staged manifests (byte for byte: the same digests), and then the aliases move, last.
@@ -14,13 +14,14 @@ take the staged manifests (byte for byte: the same digests), and then the aliase
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 import docker
 
-from builder import jsonread
+from builder import confined, jsonread
 from builder.assemble import build, smoke
 from builder.assemble.build import BUILD_ID_LABEL
 from builder.config import grammar
@@ -46,16 +47,23 @@ def staging_tag(grid: Matrix, cell: Cell, run: str, compression: str = "gzip") -
 STAGED_RECORD_BYTES = 64 << 10
 
 
-def write_staged(directory: Path, grid: Matrix, run: str, items: list[Publication]) -> list[Path]:
+def write_staged(publisher: Publisher, run: str, items: list[Publication], directory: Path) -> list[Path]:
     """What the stage job pushed, one file per staging tag (`<tag>.json`: the tag, the manifest
-    digest, the cell), for CI to carry to the promote job (an artifact): promote then moves
-    only tags that still point at what was staged."""
+    digest, the cell, and the sha256 of the SBOM and report it attached), for CI to carry to the
+    sign and promote jobs (an artifact): promote then moves only tags that still point at what was
+    staged, and the sign job signs only documents with those bytes attached to that digest."""
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     for item in items:
-        tag = staging_tag(grid, item.cell, run, item.compression)
+        tag = staging_tag(publisher.grid, item.cell, run, item.compression)
+        record: dict[str, Any] = {"tag": tag, "digest": item.digest, "cell": item.cell.name}
+        if item.report and publisher.images is not None:  # staged from this engine's image, not the registry's
+            documents = publish.made_documents(publisher.images, item)
+            record["attached"] = {
+                kind: "sha256:" + hashlib.sha256(data).hexdigest() for kind, data in sorted(documents.items())
+            }
         path = directory / f"{tag}.json"
-        path.write_text(json.dumps({"tag": tag, "digest": item.digest, "cell": item.cell.name}, sort_keys=True) + "\n")
+        confined.write_text(path, json.dumps(record, sort_keys=True) + "\n")
         written.append(path)
     return written
 
@@ -76,7 +84,7 @@ def read_staged(directory: Path, tag: str) -> str:
         record = None
     digest = record.get("digest") if isinstance(record, dict) and record.get("tag") == tag else None
     if not isinstance(digest, str) or not Registry.is_digest(digest):
-        raise UserError(f"{path}: not a staged record of {tag}; write what `publish --stage --staged-record` wrote")
+        raise UserError(f"{path}: not a staged record of {tag}; write what `publish stage --staged-record` wrote")
     return digest
 
 
@@ -148,11 +156,12 @@ def _stage_published(publisher: Publisher, cell: Cell, run: str, compression: st
     )  # fmt: skip
 
 
-def gpu_test(publisher: Publisher, cells: list[Cell], run: str) -> list[str | None]:
+def gpu_test(publisher: Publisher, cells: list[Cell], run: str, staged_record: Path | None = None) -> list[str | None]:
     """CI's GPU stage, on a runner with GPUs: pull each CUDA cell's staged image by digest, run
     its self-test with every GPU (host checks included), and attach the report to that digest
-    beside the ones already there, whatever it says (promote reads them all). Returns, per cell,
-    None for a GPU pass, else why not."""
+    beside the ones already there, whatever it says (promote reads them all), and, with
+    `staged_record`, record the sha256 of each report it attached (`<tag>.gpu.json`, for the sign
+    job). Returns, per cell, None for a GPU pass, else why not."""
     engine, registry, grid, report, key = (
         publisher.images,
         publisher.registry,
@@ -206,11 +215,23 @@ def gpu_test(publisher: Publisher, cells: list[Cell], run: str) -> list[str | No
         result = smoke.run(engine, reference, gpus=True)
         build_id = (pulled.labels or {}).get(BUILD_ID_LABEL, "")
         attached = attach_gpu_report(publisher, cell, run, image_id, build_id, result.report)
+        if staged_record is not None:
+            for compression, digest in zip(publish.compressions(grid), attached, strict=True):
+                write_gpu_record(staged_record, staging_tag(grid, cell, run, compression), digest, result.report)
         why = smoke.why_not_a_gpu_pass(result.report, image_id)
         verdict = "pass" if why is None else f"not a pass: {why}"
         report(f"{cell.name}: GPU self-test {verdict}, attached to {', '.join(d[:19] for d in attached)}")
         results.append(why)
     return results
+
+
+def write_gpu_record(directory: Path, tag: str, digest: str, report: dict[str, Any]) -> Path:
+    """The GPU stage's record of the report it attached to one staged form (`<tag>.gpu.json`)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{tag}.gpu.json"
+    attached = {"gpu-selftest": "sha256:" + hashlib.sha256(reports.document_bytes(report)).hexdigest()}
+    confined.write_text(path, json.dumps({"tag": tag, "digest": digest, "attached": attached}, sort_keys=True) + "\n")
+    return path
 
 
 def attach_gpu_report(

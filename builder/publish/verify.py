@@ -153,7 +153,7 @@ def _artifacts(door: attachments.Door, subject: Manifest, found: ImageFindings) 
     if len(read) > MAX_ARTIFACTS:  # only what is read is held to the limit; other tools' artifacts are counted
         raise UserError(
             f"{subject.digest[:19]} lists {len(read)} SBOMs, reports and attestations, more than the {MAX_ARTIFACTS} "
-            "verify reads; remove stale ones (publish --prune-reports)"
+            "verify reads; remove stale ones (publish prune)"
         )
     lazy = [entry for entry in entries if entry.get("artifactType") == soci.INDEX_TYPE]
     if lazy:  # publish.soci: what nodes pull lazily by; a zTOC is checked by its digest, nothing here is signed

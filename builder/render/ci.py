@@ -109,15 +109,15 @@ def _check_quorum_reachable(grid: Matrix, system: str) -> None:
         raise UserError(
             f"publish.require_rebuilds is {wanted}, and the emitted workflow makes {made} signed rebuild(s) "
             "(ci.rebuild_check) before its promote job: that job could never move a tag; lower it to "
-            f"{made}, and promote by hand (`publish --promote`) once the other rebuilders signed",
+            f"{made}, and promote by hand (`publish promote`) once the other rebuilders signed",
             grid.path,
         )
 
 
 def _promote_needs(grid: Matrix, chosen: list[Cell]) -> list[str]:
-    needs = ["cell"]
+    needs = ["sign"]
     if gpu_jobs(grid, chosen):
-        needs.append("gpu")
+        needs.append("sign-gpu")
     if grid.spec.ci.github_attestations:
         needs.append("attest")
     if grid.spec.ci.rebuild_check:

@@ -5,9 +5,11 @@ who cannot create user namespaces (tests/hosted_runner.py), in a fresh copy of t
 fresh cache, on the engine GitHub's ubuntu-24.04 runners now have (Docker 29 with its containerd
 image store, harness/docker29.py, its data root fresh and its CLI on the user's PATH), on
 a host without mmdebstrap: the cell job installs what it needs, bootstraps, builds, self-tests and stages into
-a loopback registry with credentials from `docker login`, signing with the key its secret holds;
+a loopback registry with credentials from `docker login` (given only after the build), unsigned;
+the sign job, with the key its secret holds, signs what the registry holds for that staging tag;
 with `ci.rebuild_check` on in the checkout's matrix, the rebuild job builds the staged image again
-with BuildKit on the same engine, without cache, and signs that it gave the staged image's ID;
+with BuildKit on the same engine, without cache, and signs with its own rebuilder key (listed in
+publish.rebuilders) that it gave the staged image's ID;
 the promote job then promotes from the registry alone, waiting for that signed rebuild, and
 `verify --key` finds the SBOM, the report, the signed attestations and the rebuild on the digest.
 
@@ -25,6 +27,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import docker
@@ -52,8 +55,8 @@ NOT_TRIED = {
     "actions/checkout": "a copy of the tree under test (git's tracked and untracked files), owned by the runner's user",
     "actions/setup-python": "this machine's Python 3.11",
     "actions/cache": "the cache starts empty, as on a first run",
-    "actions/upload-artifact": "the stage step's record of what it pushed stays in the workspace promote shares",
-    "actions/download-artifact": "the promote job reads that record from the shared workspace",
+    "actions/upload-artifact": "the stage step's record of what it pushed stays in the workspace the jobs share",
+    "actions/download-artifact": "the sign and promote jobs read that record from the shared workspace",
 }
 
 
@@ -93,12 +96,27 @@ def _runner_cli(runner: hosted_runner.Runner) -> Path:
     return folder
 
 
-def _with_rebuild_check(checkout: Path) -> None:
-    """The checkout's matrix with ci.rebuild_check on, as a team that wants the quorum writes it."""
+REBUILDER_KEY = "rebuilders/ci-rebuild.pub"
+
+
+def _with_rebuild_check(checkout: Path, rebuilder_public: bytes) -> None:
+    """The checkout's matrix with ci.rebuild_check on, as a team that wants the quorum writes it:
+    the rebuild job's own public key listed in publish.rebuilders, beside the matrix."""
     path = checkout / "matrix.yaml"
     text = path.read_text()
-    assert "\nci:\n" in text and "rebuild_check" not in text
-    path.write_text(text.replace("\nci:\n", "\nci:\n  rebuild_check: true\n", 1))
+    assert "\nci:\n" in text and "rebuild_check" not in text and "\npublish:" not in text
+    (checkout / REBUILDER_KEY).parent.mkdir()
+    (checkout / REBUILDER_KEY).write_bytes(rebuilder_public)
+    text = text.replace("\nci:\n", "\nci:\n  rebuild_check: true\n", 1)
+    path.write_text(text + f"\npublish:\n  rebuilders: {{ci-rebuild: {REBUILDER_KEY}}}\n")
+
+
+def _pem(key: ed25519.Ed25519PrivateKey) -> tuple[str, bytes]:
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    public = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return private.decode(), public
 
 
 def test_the_emitted_github_workflow_runs_as_a_hosted_runner_from_install_to_promotion(
@@ -106,6 +124,7 @@ def test_the_emitted_github_workflow_runs_as_a_hosted_runner_from_install_to_pro
     start_registry,  # type: ignore[no-untyped-def]
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
 ) -> None:
     why = hosted_runner.supported()
     if why is not None:
@@ -113,9 +132,10 @@ def test_the_emitted_github_workflow_runs_as_a_hosted_runner_from_install_to_pro
     running = start_registry(user="ci", password="runner-secret")
     runner = hosted_runner.Runner(env={})
     runner.create()
+    rebuilder_private, rebuilder_public = _pem(ed25519.Ed25519PrivateKey.generate())
     try:
         runner.checkout(REPO)
-        _with_rebuild_check(runner.workspace)
+        _with_rebuild_check(runner.workspace, rebuilder_public)
         monkeypatch.chdir(runner.workspace)  # the workflow names the checkout's matrix.yaml
         quorum = matrix.load_matrix(Path("matrix.yaml"))
         workflow = yaml.safe_load(ci.workflow(quorum, "github", registry=f"{running.host}/torch", names=[CELL]))
@@ -126,15 +146,14 @@ def test_the_emitted_github_workflow_runs_as_a_hosted_runner_from_install_to_pro
         monkeypatch.chdir(REPO)  # the runner's workspace goes with the runner
     grid = matrix.load_matrix(REPO / "matrix.yaml")
     cell = grid.cell(CELL)
-    assert list(workflow["jobs"]) == ["cell", "rebuild", "promote"]  # a CPU cell: no GPU stage
-    assert workflow["jobs"]["promote"]["needs"] == ["cell", "rebuild"]
+    assert list(workflow["jobs"]) == ["cell", "sign", "rebuild", "promote"]  # a CPU cell: no GPU stage
+    assert workflow["jobs"]["promote"]["needs"] == ["sign", "rebuild"]
     runner.env.update({**workflow["env"], "GITHUB_REPOSITORY_OWNER": "Acme"})
     signing_key = ed25519.Ed25519PrivateKey.generate()
-    pem = signing_key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    ).decode()
+    pem, _ = _pem(signing_key)
     context = {
         "secrets.TORCH_IMAGES_SIGNING_KEY": pem,
+        "secrets.TORCH_IMAGES_REBUILD_KEY": rebuilder_private,  # the rebuild job's own, not the team's
         "matrix.cell": CELL,
         "matrix.runner": "ubuntu-24.04",
         "github.run_id": RUN_ID,
@@ -159,6 +178,7 @@ def test_the_emitted_github_workflow_runs_as_a_hosted_runner_from_install_to_pro
         assert refused.returncode != 0, "the runner's user must not be able to create user namespaces"
         _without_mmdebstrap(runner)
         not_tried = _run_job(workflow["jobs"]["cell"], runner, context, log)
+        not_tried += _run_job(workflow["jobs"]["sign"], runner, context, log)
         not_tried += _run_job(workflow["jobs"]["rebuild"], runner, context, log)
         not_tried += _run_job(workflow["jobs"]["promote"], runner, context, log)
         assert _mmdebstrap_in_view(runner)  # the job installed it, through sudo
@@ -177,18 +197,23 @@ def test_the_emitted_github_workflow_runs_as_a_hosted_runner_from_install_to_pro
     staged = api.manifest("torch", staging.staging_tag(grid, cell, RUN_ID))
     promoted = api.manifest("torch", cell.tag)
     assert staged is not None and promoted is not None and promoted.digest == staged.digest
-    signed = {*publish.ARTIFACT_TYPES.values(), provenance.BUNDLE_TYPE}  # the job signed with the secret's key
+    signed = {*publish.ARTIFACT_TYPES.values(), provenance.BUNDLE_TYPE}  # the sign job signed with the secret's key
     assert set(api.attached("torch", staged.digest)) == signed
     image_id = json.loads(staged.body)["config"]["digest"]
     assert image_id == (REPO / "images" / CELL / "image-id").read_text().split()[0]  # the recorded build
     public = SSlibKey.from_crypto(signing_key.public_key())  # the secret's key signed what the job staged
-    [found] = verify.verify(api, verify.parse_reference(f"{running.host}/torch:{cell.tag}"), grid, public)
+    # the checkout's quorum: the rebuild job's public key beside its matrix, as the workflow read it
+    (tmp_path / REBUILDER_KEY).parent.mkdir()
+    (tmp_path / REBUILDER_KEY).write_bytes(rebuilder_public)
+    quorum_grid = replace(grid, path=tmp_path / "matrix.yaml")
+    quorum_grid.spec = quorum.spec
+    [found] = verify.verify(api, verify.parse_reference(f"{running.host}/torch:{cell.tag}"), quorum_grid, public)
     assert found.problems == [] and found.image_id == image_id
     assert any(line.startswith("signed provenance: 2 locks match this checkout") for line in found.lines)
     assert any(line.startswith('cpu report on "cpu": pass') for line in found.lines)
-    [rebuilt] = [line for line in found.lines if line.startswith("signed rebuilds that gave this image ID")]
+    [rebuilt] = [line for line in found.lines if line.startswith("rebuilder keys whose signed rebuild gave")]
     # verify quotes what a registry's documents say: the engine a signed rebuild names included
-    assert rebuilt.startswith('signed rebuilds that gave this image ID: 1 ("Docker 29.') and "BuildKit" in rebuilt
+    assert 'gave this image ID: ci-rebuild ("Docker 29.' in rebuilt and "BuildKit" in rebuilt
     steps = "\n".join(log)
     assert "installed mmdebstrap with sudo apt-get" in steps
     assert "bootstrapping debian bookworm (amd64) from its" in steps  # as root, through sudo

@@ -136,13 +136,13 @@ def test_publish_and_verify_from_docker_29s_containerd_store(
     matrix.write_text((REPO / "matrix.yaml").read_text().replace("registry: ", f"registry: {registry.host}  # ", 1))
     (tmp_path / "images").symlink_to(REPO / "images")
     arguments = ["--matrix", str(matrix)]
-    published = _builder(engine29, *arguments, "publish", built.cell.name)
+    published = _builder(engine29, *arguments, "publish", "push", built.cell.name)
     assert published.returncode == 0, published.stdout[-3000:] + published.stderr[-3000:]
     verified = _builder(engine29, *arguments, "verify", f"{registry.host}/torch:{built.cell.tag}")
     assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-3000:]
     assert built.image_id[7:19] in verified.stdout + verified.stderr
     # Publishing again finds the same image in the registry: nothing is pushed.
-    again = _builder(engine29, *arguments, "publish", built.cell.name)
+    again = _builder(engine29, *arguments, "publish", "push", built.cell.name)
     assert again.returncode == 0 and "unchanged" in again.stdout + again.stderr, again.stdout[-2000:]
     # Not rebuilt by the host's engine here: `verify` just found the host's image ID on this tag,
     # and test_publish.py's `verify --rebuild` builds the host's own tag to that ID (a full build).

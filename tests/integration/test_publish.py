@@ -36,6 +36,7 @@ from builder.publish import (
     publish,
     rebuild,
     reports,
+    signing,
     soci,
     staging,
     verify,
@@ -654,7 +655,7 @@ def test_with_the_teams_key_promote_trusts_only_what_it_signed(
     # Without a key, the digests the stage job recorded (CI carries them to promote as an
     # artifact) catch the same swap: the staging tag moved since it was pushed.
     record = tmp_path / "staged"
-    staging.write_staged(record, grid, "k1", [staged])
+    staging.write_staged(Publisher(api, grid, say, built.client), "k1", [staged], record)
     api.put_manifest("torch", tag, swapped)
     with pytest.raises(UserError, match=rf"{tag} now points at {swapped.digest[:19]}, the stage job pushed"):
         staging.promote(Publisher(api, grid, say), [built.cell], "k1", Records(records, readme), record)
@@ -781,7 +782,7 @@ def test_pruning_deletes_stale_reports_and_their_statements_and_never_a_failure(
     monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
 ) -> None:
     """Issue 39: every GPU run adds a report (and two signed statements) to a digest, up to the
-    cap the gates read. `publish --prune-reports --key` deletes another image's passes, junk, and
+    cap the gates read. `publish prune --key` deletes another image's passes, junk, and
     a device's older passes that a newer pass the key verifies supersedes, with their signed
     statements and cosign-form layers; a failure stays. Without the key, a signed pass stays."""
     private, public = _key_files(tmp_path / "team")
@@ -812,7 +813,7 @@ def test_pruning_deletes_stale_reports_and_their_statements_and_never_a_failure(
     att_before = len(json.loads(api.manifest("torch", cosign_tag.tag(subject.digest)).body)["layers"])  # type: ignore[union-attr]
 
     monkeypatch.chdir(tmp_path)
-    argv = ["--matrix", str(built.grid.path), "publish", "--registry", running.host, "--prune-reports", built.cell.name]
+    argv = ["--matrix", str(built.grid.path), "publish", "prune", "--registry", running.host, built.cell.name]
     assert cli.main(argv) == 0  # without the key: the older signed pass is not known to be superseded
     assert sorted(
         r["time"] for r in attachments.Door(api, "torch").reports(subject.digest) if r["status"] == "pass"
@@ -1098,3 +1099,56 @@ def test_promote_counts_rebuilder_keys_that_agree_and_never_the_teams_key_or_one
     [promoted] = promote()
     assert promoted.digest == staged.digest
     assert any("rebuilt to the same image ID by alice" in line and "bob" in line for line in said)
+
+
+def test_the_sign_job_signs_what_the_run_staged_as_the_registry_holds_it_and_no_look_alike(
+    built: BuiltCell,
+    smoke_result: smoke.SmokeResult,
+    start_registry,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    """Issue 55, CI's shape on a real registry: the cell job stages with no key and records what it
+    attached; the sign job, with the key and no engine, signs the staged digest's provenance and
+    the report and SBOM with the recorded bytes, as the registry holds them. A made-up GPU pass a
+    push-rights party attached beside them is never signed; a record that names bytes not attached
+    to the digest signs nothing; a rerun signs nothing twice; promote with the key then moves the tag."""
+    private, public = _key_files(tmp_path / "team")
+    signer, key = provenance.load_signer(private), provenance.load_public_key(public)
+    assert signer is not None
+    running = start_registry(seeded=True)
+    grid, api, say, records, readme = _ci_setting(built, running, tmp_path, monkeypatch)
+    stager = Publisher(api, grid, say, built.client)  # no key in the job that built
+    [staged] = staging.stage(stager, [built.cell], "s1")
+    record = tmp_path / "staged"
+    staging.write_staged(stager, "s1", [staged], record)
+    tag = staging.staging_tag(built.grid, built.cell, "s1")
+    subject = api.manifest("torch", tag)
+    assert subject is not None
+    door = attachments.Door(api, "torch")
+    assert door.verified_kinds(subject.digest, staged.image_id, key) == set()  # nothing signed yet
+    forged = _made_up_gpu_pass(smoke_result.report)
+    door.attach_report(subject, tag, forged, staged.build_id, built.cell.tag)  # a look-alike, not recorded
+
+    no_engine = Publisher(api, grid, say, signer=signer)  # the sign job: registry and key, no engine
+    [line] = signing.sign(no_engine, [built.cell], "s1", record)
+    assert "signed provenance" in line and "SBOM (CycloneDX, SPDX)" in line and "cpu self-test (pass)" in line
+    signed = door.signed(subject.digest, staged.image_id, key, provenance.MAX_VERIFIED)
+    reports_signed = [s.predicate for s in signed if s.predicate_type == provenance.SELFTEST]
+    assert [r["device"] for r in reports_signed] == [smoke_result.report["device"]]  # the forged H200 pass: never
+    [again] = signing.sign(no_engine, [built.cell], "s1", record)
+    assert "signed nothing new" in again
+    assert len(door.signed(subject.digest, staged.image_id, key, provenance.MAX_VERIFIED)) == len(signed)
+
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    recorded_text = json.loads((record / f"{tag}.json").read_text())
+    recorded_text["attached"]["selftest"] = "sha256:" + hashlib.sha256(json.dumps(forged).encode()).hexdigest()
+    (wrong / f"{tag}.json").write_text(json.dumps(recorded_text))
+    with pytest.raises(UserError, match=r"none with those bytes is attached to it; nothing more signed"):
+        signing.sign(no_engine, [built.cell], "s1", wrong)
+
+    [promoted] = staging.promote(
+        Publisher(api, grid, say, key=key), [built.cell], "s1", Records(records, readme), record
+    )
+    assert api.manifest("torch", built.cell.tag).digest == staged.digest == promoted.digest  # type: ignore[union-attr]

@@ -67,7 +67,7 @@ def test_cells_from_an_index_are_jobs_and_a_cell_of_local_wheels_only_when_named
     assert promote[promote.index("--run") + 6 :] == [job["cell"] for job in jobs]
     named = yaml.safe_load(ci.workflow(grid, "github", names=local))
     assert [job["cell"] for job in named["jobs"]["cell"]["strategy"]["matrix"]["include"]] == local
-    assert "gpu" not in named["jobs"] and named["jobs"]["promote"]["needs"] == ["cell"]  # CPU cells: no GPU stage
+    assert "gpu" not in named["jobs"] and named["jobs"]["promote"]["needs"] == ["sign"]  # CPU cells: no GPU stage
 
 
 def test_every_cell_job_installs_what_it_needs_caches_by_its_locks_and_builds_with_the_users_session(grid) -> None:  # type: ignore[no-untyped-def]
@@ -79,10 +79,17 @@ def test_every_cell_job_installs_what_it_needs_caches_by_its_locks_and_builds_wi
     )
     assert install < build  # mmdebstrap (through sudo) before the build that bootstraps with it
     assert runs[build] == './nox -s build -- --registry "$IMAGE" --skip-existing ${{ matrix.cell }}'
-    assert any("--stage --run ${{ github.run_id }} --staged-record staged ${{ matrix.cell }}" in run for run in runs)
+    login = next(i for i, r in enumerate(runs) if "docker login" in r)
+    stage = next(i for i, r in enumerate(runs) if "publish -- stage" in r)
+    assert build < login < stage  # issue 55: no registry token while build code runs
+    assert runs[stage].endswith(
+        'stage --registry "$IMAGE" --run ${{ github.run_id }} --staged-record staged ${{ matrix.cell }}'
+    )
     assert not any("docker image prune" in run for run in runs)  # a runner's engine is not emptied
-    stage = next(step for step in steps if "--stage" in step.get("run", ""))
-    assert stage["env"] == {"TORCH_IMAGES_SIGNING_KEY": "${{ secrets.TORCH_IMAGES_SIGNING_KEY }}"}  # signs when set
+    assert (
+        "SIGNING_KEY" not in str(steps)
+        and "environment" not in yaml.safe_load(ci.workflow(grid, "github"))["jobs"]["cell"]
+    )
     cache = next(step for step in steps if step.get("uses", "").startswith("actions/cache@"))
     assert cache["with"]["path"] == "~/.cache/torch-images"
     assert (
@@ -99,17 +106,25 @@ def test_each_cuda_cell_has_a_gpu_job_on_its_architectures_runner_and_promote_wa
     assert set(entries) == {c.name for c in grid.cells if c.is_cuda}
     assert entries["2.15.0-cu13.2-bookworm-runtime"]["runner"] == ["self-hosted", "linux", "x64", "gpu"]
     assert entries["2.15.0-cu13.2-bookworm-runtime-arm64"]["runner"] == ["self-hosted", "linux", "arm64", "gpu"]
-    assert gpu["needs"] == "cell" and gpu["runs-on"] == "${{ matrix.runner }}"
-    assert gpu["steps"][-1]["run"].endswith("--gpu-test --run ${{ github.run_id }} ${{ matrix.cell }}")
-    assert gpu["steps"][-1]["env"] == {
-        "TORCH_IMAGES_SIGNING_KEY": "${{ secrets.TORCH_IMAGES_SIGNING_KEY }}",
-        "TORCH_IMAGES_VERIFY_KEY": "${{ vars.TORCH_IMAGES_VERIFY_KEY }}",
-    }
-    assert github["jobs"]["promote"]["needs"] == ["cell", "gpu"]
+    assert gpu["needs"] == "sign" and gpu["runs-on"] == "${{ matrix.runner }}"
+    [test] = [s for s in gpu["steps"] if "gpu-test" in s.get("run", "")]
+    assert test["run"].endswith("--run ${{ github.run_id }} --staged-record gpu-staged ${{ matrix.cell }}")
+    # issue 55: the GPU runner never holds the key; a job that runs no image signs its report
+    assert test["env"] == {"TORCH_IMAGES_VERIFY_KEY": "${{ vars.TORCH_IMAGES_VERIFY_KEY }}"}
+    assert "SIGNING_KEY" not in str(gpu) and "environment" not in gpu
+    signer = github["jobs"]["sign-gpu"]
+    assert signer["needs"] == "gpu" and signer["environment"] == "torch-images-release"
+    assert not any("gpu-test" in s.get("run", "") or "build" in s.get("run", "") for s in signer["steps"])
+    assert github["jobs"]["promote"]["needs"] == ["sign", "sign-gpu"]
     gitlab = yaml.safe_load(ci.workflow(grid, "gitlab"))
     job = gitlab["gpu 2.15.0-cu13.2-bookworm-runtime-arm64"]
     assert job["tags"] == ["self-hosted", "linux", "arm64", "gpu"] and job["stage"] == "gpu"
-    assert "gpu 2.15.0-cu13.2-bookworm-runtime-arm64" in gitlab["promote"]["needs"]
+    assert "sign gpu 2.15.0-cu13.2-bookworm-runtime-arm64" in gitlab["promote"]["needs"]
+    assert gitlab["sign gpu 2.15.0-cu13.2-bookworm-runtime-arm64"]["needs"] == [
+        "cell",
+        job_name := "gpu 2.15.0-cu13.2-bookworm-runtime-arm64",
+    ]
+    assert "SIGNING_KEY" not in str(gitlab[job_name]) and "environment" not in gitlab[job_name]
 
 
 def test_a_required_gpu_gate_without_a_runner_is_refused_and_an_optional_one_does_not_hold_the_run(grid) -> None:  # type: ignore[no-untyped-def]
@@ -125,13 +140,15 @@ def test_a_required_gpu_gate_without_a_runner_is_refused_and_an_optional_one_doe
     assert "2.15.0-cu13.2-bookworm-runtime-arm64" not in entries  # no arm64 GPU runner, and its gate is optional
     assert all(e["optional"] is False and e["runner"] == ["gpu"] for e in entries.values())
     assert github["jobs"]["gpu"]["continue-on-error"] == "${{ matrix.optional }}"
+    assert github["jobs"]["sign-gpu"]["continue-on-error"] == "${{ matrix.optional }}"
 
 
 def test_the_registry_is_ghcr_or_gitlabs_own_by_default_and_another_logs_in_with_secrets(grid) -> None:  # type: ignore[no-untyped-def]
     github = ci.workflow(grid, "github")
     assert 'echo "IMAGE=ghcr.io/${GITHUB_REPOSITORY_OWNER,,}/torch"' in github
     parsed = yaml.safe_load(github)
-    assert parsed["permissions"] == {"contents": "read", "packages": "write"}
+    assert parsed["permissions"] == {}  # each job names its own (issue 55)
+    assert all(job["permissions"]["packages"] == "write" for job in parsed["jobs"].values())
     login = next(s for s in parsed["jobs"]["cell"]["steps"] if "docker login" in s.get("run", ""))
     assert login["env"]["TOKEN"] == "${{ secrets.GITHUB_TOKEN }}"
     harbor = yaml.safe_load(ci.workflow(grid, "github", registry="harbor.example.com/ml/torch"))
@@ -170,8 +187,15 @@ def test_the_daily_security_job_audits_moves_only_fixes_and_proposes_the_change(
     parsed = yaml.safe_load(text)
     if system == "github":
         assert parsed[True]["schedule"] == [{"cron": "17 4 * * *"}]  # YAML 1.1 reads the key `on` as true
-        assert parsed["permissions"] == {"contents": "write", "pull-requests": "write"}
-        runs = [step.get("run", "") for step in parsed["jobs"]["security"]["steps"]]
+        assert parsed["permissions"] == {}
+        job = parsed["jobs"]["security"]
+        assert job["permissions"] == {"contents": "write", "pull-requests": "write"}
+        # the token is in .git/config of no step: audit and update parse the internet's data
+        assert job["steps"][0]["with"] == {"persist-credentials": False}
+        runs = [step.get("run", "") for step in job["steps"]]
+        assert [s.get("env", {}).get("GH_TOKEN") for s in job["steps"] if "GH_TOKEN" in s.get("env", {})] == [
+            "${{ secrets.GITHUB_TOKEN }}"
+        ]
     else:
         assert parsed["security"]["rules"] == [{"if": '$CI_PIPELINE_SOURCE == "schedule"'}]
         runs = parsed["security"]["script"]
@@ -198,22 +222,35 @@ def test_the_jobs_that_sign_or_move_tags_are_kept_to_the_default_or_protected_br
     """Issue 35: the signing key reaches only runs of the branch that may publish, and promote
     is told which key to trust."""
     github = yaml.safe_load(ci.workflow(grid, "github"))
-    for name in ("cell", "gpu", "promote"):
+    for name in ("sign", "sign-gpu", "promote"):
         assert github["jobs"][name]["environment"] == "torch-images-release", name
-    promote = next(s for s in github["jobs"]["promote"]["steps"] if "--promote" in s.get("run", ""))
+    # issue 55: the key only where nothing built runs
+    holding = [name for name, job in github["jobs"].items() if "TORCH_IMAGES_SIGNING_KEY" in str(job)]
+    assert holding == ["sign", "sign-gpu"]
+    for name in holding:
+        runs = " ".join(s.get("run", "") for s in github["jobs"][name]["steps"])
+        assert "nox -s build" not in runs and "nox -s engine" not in runs and "gpu-test" not in runs
+        assert not any("actions/cache" in s.get("uses", "") for s in github["jobs"][name]["steps"])
+    promote = next(s for s in github["jobs"]["promote"]["steps"] if "publish -- promote" in s.get("run", ""))
     assert promote["env"] == {"TORCH_IMAGES_VERIFY_KEY": "${{ vars.TORCH_IMAGES_VERIFY_KEY }}"}
     gitlab = yaml.safe_load(ci.workflow(grid, "gitlab"))
     protected = [{"if": '$CI_PIPELINE_SOURCE == "schedule"', "when": "never"},
                  {"if": '$CI_COMMIT_REF_PROTECTED == "true"', "when": "on_success"}, {"when": "never"}]  # fmt: skip
     assert gitlab["promote"]["rules"] == protected
-    assert all(gitlab[job]["rules"] == protected for job in gitlab if job.startswith("gpu "))
-    stage = gitlab["cell"]["script"][-1]
-    assert stage.startswith('if [ "$CI_COMMIT_REF_PROTECTED" = "true" ]; then') and "--stage" in stage
+    assert all(gitlab[job]["rules"] == protected for job in gitlab if job.startswith(("gpu ", "sign")))
+    script = gitlab["cell"]["script"]
+    protected_only = next(i for i, line in enumerate(script) if "CI_COMMIT_REF_PROTECTED" in str(line))
+    build = next(i for i, line in enumerate(script) if "nox -s build" in str(line))
+    login = next(i for i, line in enumerate(script) if "docker login" in str(line))
+    assert build < protected_only < login < len(script) - 1 and "publish -- stage" in script[-1]
     text = ci.workflow(grid, "gitlab")
-    assert "masked and *protected* CI/CD" in text
-    # What the stage jobs pushed travels to promote by digest (an artifact), and promote reads it.
-    assert gitlab["cell"]["artifacts"]["paths"] == ["staged/"] and "--staged-record staged" in stage
-    assert "--staged-record staged" in gitlab["promote"]["script"][-1]
+    assert "masked, *protected* CI/CD variable" in text and "scoped to the environment" in text
+    keyed = [job for job in gitlab if isinstance(gitlab[job], dict) and "environment" in gitlab[job]]
+    assert keyed and all(job.startswith("sign") for job in keyed)
+    assert all(gitlab[job]["tags"] == ["torch-images-sign"] and gitlab[job]["cache"] == [] for job in keyed)
+    # What the stage jobs pushed travels to sign and promote by digest (an artifact), and they read it.
+    assert gitlab["cell"]["artifacts"]["paths"] == ["staged/"] and '--staged-record "staged/$CELL"' in script[-1]
+    assert "--staged-record all-staged" in gitlab["promote"]["script"][-1]
     upload = next(s for s in github["jobs"]["cell"]["steps"] if s.get("uses", "").startswith("actions/upload-artifact"))
     download = next(s for s in github["jobs"]["promote"]["steps"] if "download-artifact" in s.get("uses", ""))
     assert upload["with"]["path"] == download["with"]["path"] == "staged/"
@@ -281,8 +318,8 @@ def test_githubs_attestations_are_opt_in_and_attest_each_staged_manifest_with_it
     action and nothing of the checkout's, never in the job that builds (any of its steps could
     mint the repository's OIDC token)."""
     plain = yaml.safe_load(ci.workflow(grid, "github"))
-    assert "permissions" not in plain["jobs"]["cell"] and "actions/attest@" not in ci.workflow(grid, "github")
-    assert plain["permissions"] == {"contents": "read", "packages": "write"}
+    assert "id-token" not in str(plain) and "actions/attest@" not in ci.workflow(grid, "github")
+    assert plain["permissions"] == {}
     grid.spec = grid.spec.model_copy(
         update={
             "ci": grid.spec.ci.model_copy(update={"github_attestations": True}),
@@ -344,7 +381,8 @@ def test_the_rebuild_check_builds_each_cell_again_with_buildkit_and_promote_wait
     checked = _validate("github", text, tmp_path)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     jobs = yaml.safe_load(text)["jobs"]
-    assert jobs["rebuild"]["needs"] == "cell" and "rebuild" in jobs["promote"]["needs"]
+    assert jobs["rebuild"]["needs"] == "sign" and "rebuild" in jobs["promote"]["needs"]
+    assert jobs["rebuild"]["environment"] == "torch-images-rebuild"  # the rebuilder key's, not the team key's
     [step] = [s for s in jobs["rebuild"]["steps"] if "--rebuild" in s.get("run", "")]
     assert "--backend buildkit" in step["run"] and '"$IMAGE:$tag@$digest"' in step["run"]
     # a rebuilder key of its own, never the team's (promote would not count the team's)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import re
 import shutil
@@ -14,6 +15,7 @@ import yaml
 from rich.console import Console
 
 from builder import cli
+from builder.commands import build as build_command
 from builder.commands import common
 from builder.commands import lock as lock_command
 from builder.commands import render as render_command
@@ -58,6 +60,11 @@ def test_every_subcommand_and_option_has_help_that_names_its_default_or_needs() 
         assert sub.description, name
         for action in sub._actions:
             assert action.help, (name, action.dest)
+            verbs = action.choices if isinstance(action, argparse._SubParsersAction) else {}
+            for verb, verb_parser in verbs.items():
+                if isinstance(verb_parser, argparse.ArgumentParser):  # a verb (publish stage): the same
+                    assert verb_parser.description, (name, verb)
+                    assert all(option.help for option in verb_parser._actions), (name, verb)
     build_help = subparsers["build"].format_help()
     assert "default: the flagship" in build_help and "Needs the engine" in build_help
     assert "about 6 GB" in subparsers["verify-repro"].format_help()
@@ -168,13 +175,16 @@ def test_update_refreshes_then_locks_then_renders_reading_the_matrix_after_the_r
     assert calls[0].startswith("lock ") and "refresh" not in calls
 
 
-def test_a_trust_key_where_nothing_reads_registry_reports_is_refused_before_anything_runs(tmp_path: Path) -> None:
-    """`--key` gates promote and the GPU stage; on a plain publish or --stage it would do nothing."""
-    result = _builder("publish", "--stage", "--key", str(tmp_path / "team.pub"))
-    assert (
-        result.returncode == 2 and "--key: only --promote, --gpu-test and --prune-reports read reports" in result.stderr
-    )
-    assert "Traceback" not in result.stderr
+def test_each_publish_verb_takes_only_its_own_options(tmp_path: Path) -> None:
+    """Issue 60: one verb a command. `--key` gates promote, gpu-test and prune; on stage it would
+    do nothing, so stage has no such option (and the old mode flags are gone)."""
+    result = _builder("publish", "stage", "--key", str(tmp_path / "team.pub"))
+    assert result.returncode == 2 and "unrecognized arguments: --key" in result.stderr
+    old = _builder("publish", "--stage")
+    assert old.returncode == 2 and "required: VERB" in old.stderr
+    listed = _builder("publish", "--help")
+    assert all(verb in listed.stdout for verb in ("push", "stage", "sign", "gpu-test", "promote", "prune"))
+    assert "Traceback" not in result.stderr + old.stderr
 
 
 def test_the_front_door_ci_output_cells_after_options_and_update_without_security(tmp_path: Path) -> None:
@@ -233,3 +243,18 @@ def test_build_no_cache_runs_the_self_test_again_even_with_an_earlier_pass_of_th
     result = build_command._build_and_test(None, grid, locks, None, args)  # type: ignore[arg-type]
     assert (ran == ["torch:x"]) == tested_again
     assert result.notes[-1] == ("self-test pass" if tested_again else "self-test pass (earlier run, same image ID)")
+
+
+def test_skip_existing_against_a_registry_that_will_not_answer_without_credentials_builds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 55: CI builds before it logs in; a registry that refuses to answer then says nothing
+    of whether the build ID is published, so the cell is built (never skipped on a guess)."""
+
+    class Refusing:
+        def manifest(self, repository: str, reference: str) -> None:
+            raise UserError(f"registry ghcr.io: {repository}:{reference}: answered 401")
+
+    grid = load_matrix(REPO / "matrix.yaml")
+    assert build_command._published_or_unknown(Refusing(), grid, grid.flagship, "a" * 32) is False  # type: ignore[arg-type]
+    assert "cannot tell whether build ID aaaaaaaaaaaa is published" in " ".join(capsys.readouterr().err.split())

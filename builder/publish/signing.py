@@ -1,0 +1,145 @@
+"""`publish sign`: the team's key signs what a run staged, in a job that runs no build code and no
+image (the shape SLSA's Build L3 asks for: the key never meets what the build ran).
+
+What is signed comes from the registry: the staged manifest under the tag the matrix and the run
+ID name (never a digest a build wrote down), its image ID (the config digest the registry serves),
+its build ID label, and the documents attached to that digest, each read back by its own digest.
+The run's staged records (`--staged-record`, carried as the run's artifacts) only say *which* of
+the documents attached to the digest the run's own jobs attached (by their sha256): a look-alike
+someone else attached beside them is never picked, and a record naming bytes that are not attached
+to that digest signs nothing. The provenance names the checkout's locks, as the signing job
+checked it out at the workflow's commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from builder import confined, jsonread
+from builder.assemble import smoke
+from builder.errors import UserError
+from builder.oci.registry import IMAGE_TYPES, Manifest, Registry
+from builder.plan.cell import Cell
+from builder.publish import existing, provenance, publish, reports, sbom, staging
+from builder.publish.publisher import Publisher
+
+# The kinds of document a run's jobs attach and record: the cell job's self-test report and SBOM,
+# the GPU stage's report. Each is signed as the stage signed it before (publish.attach_attestations).
+RECORDED_KINDS = {
+    "selftest": reports.SELFTEST_TYPE,
+    "sbom": publish.ARTIFACT_TYPES["sbom"],
+    "gpu-selftest": reports.SELFTEST_TYPE,
+}
+MAX_SBOM_BYTES = 32 << 20
+MAX_RECORD_BYTES = staging.STAGED_RECORD_BYTES
+
+
+def recorded_documents(directory: Path, tag: str) -> dict[str, str]:
+    """kind -> sha256 of each document the run's jobs recorded attaching to `tag`'s digest."""
+    found: dict[str, str] = {}
+    if not (directory / f"{tag}.json").exists():
+        raise UserError(f"--staged-record {directory}: no {tag}.json; give the folder `publish stage` wrote")
+    for name in (f"{tag}.json", f"{tag}.gpu.json"):
+        path = directory / name
+        if not path.exists() and not path.is_symlink():
+            continue
+        record = jsonread.loads(confined.read_bytes(path, MAX_RECORD_BYTES), str(path))
+        attached = record.get("attached") if isinstance(record, dict) and record.get("tag") == tag else None
+        if not isinstance(attached, dict) or not all(
+            kind in RECORDED_KINDS and isinstance(digest, str) and Registry.is_digest(digest)
+            for kind, digest in attached.items()
+        ):
+            raise UserError(f"{path}: not a staged record of {tag}; write what `publish stage` and `gpu-test` wrote")
+        found.update(attached)
+    return found
+
+
+def sign(publisher: Publisher, cells: list[Cell], run: str, staged_record: Path) -> list[str]:
+    """Sign, for each cell's staged forms, the provenance and the documents the run's jobs
+    recorded attaching; returns a line per form saying what was signed."""
+    staging.check_run(run)
+    if publisher.signer is None:
+        raise UserError(
+            f"publish sign signs with the team's key: give it (--sign-key, or {provenance.KEY_ENVIRONMENT})"
+        )
+    said = []
+    for cell in cells:
+        for compression in publish.compressions(publisher.grid):
+            said.append(_sign_form(publisher, cell, staging.staging_tag(publisher.grid, cell, run, compression),
+                                   staged_record))  # fmt: skip
+    return said
+
+
+def _staged_image(publisher: Publisher, cell: Cell, tag: str) -> tuple[Manifest, str]:
+    manifest = publisher.registry.manifest(publisher.repository, tag)
+    if manifest is None or manifest.media_type not in IMAGE_TYPES:
+        raise UserError(f"{cell.name}: {tag} is not one image in {publisher.grid.spec.registry}; nothing signed")
+    return manifest, str(json.loads(manifest.body)["config"]["digest"])
+
+
+def _sign_form(publisher: Publisher, cell: Cell, tag: str, staged_record: Path) -> str:
+    grid, door, signer = publisher.grid, publisher.door, publisher.signer
+    assert signer is not None
+    manifest, image_id = _staged_image(publisher, cell, tag)
+    build_id = existing.published_build_id(publisher.registry, publisher.repository, manifest.digest) or ""
+    about = provenance.Subject(f"{grid.spec.registry}/{publisher.repository}", manifest.digest, image_id, build_id)
+    already = door.signed(manifest.digest, image_id, signer.public_key, provenance.MAX_VERIFIED)
+    have = {found.predicate_type for found in already}
+    reports_signed = {_as_signed(found.predicate) for found in already if found.predicate_type == provenance.SELFTEST}
+    signed = []
+    if provenance.PROVENANCE not in have:
+        statement = provenance.provenance_statement(about, cell, provenance.builder_version())
+        door.attach_statement(manifest, f"{tag}.provenance", statement, signer)
+        signed.append("provenance")
+    for kind, digest in sorted(recorded_documents(staged_record, tag).items()):
+        document = _attached_document(publisher, manifest, kind, digest)
+        if kind == "sbom":
+            if provenance.CYCLONEDX not in have:
+                _sign_sbom(publisher, manifest, tag, about, document)
+                signed.append("SBOM (CycloneDX, SPDX)")
+            continue
+        if document.get("image_id") != image_id:
+            raise UserError(f"{tag}: the recorded {kind} report is for another image; nothing more signed")
+        if _as_signed(document) in reports_signed:  # a rerun, or sign-gpu after sign
+            continue
+        door.attach_signed_report(manifest, tag, about, document, signer)
+        signed.append(f"{smoke.report_kind(document)} self-test ({document.get('status')})")
+    return f"{cell.name}: signed {', '.join(signed) or 'nothing new'} for {tag} ({manifest.digest[:19]})"
+
+
+def _as_signed(report: dict[str, Any]) -> bytes:
+    """A report as its signed statement carries it (without the table the terminal shows)."""
+    return reports.document_bytes({k: v for k, v in report.items() if k != "table"})
+
+
+def _attached_document(publisher: Publisher, manifest: Manifest, kind: str, digest: str) -> dict[str, Any]:
+    """The document of `kind` with exactly that sha256, proven attached to the staged digest."""
+    door, artifact_type = publisher.door, RECORDED_KINDS[kind]
+    entries = door.listed(manifest.digest, [artifact_type])[: publish.MAX_LISTED]
+    found = next((a for a in door.proven(manifest.digest, entries, [artifact_type]) if a.layer == digest), None)
+    if found is None:
+        raise UserError(
+            f"{manifest.digest[:19]}: the run recorded attaching a {kind} document {digest[:19]}, and none with those "
+            "bytes is attached to it; nothing more signed"
+        )
+    limit = MAX_SBOM_BYTES if kind == "sbom" else smoke.MAX_REPORT_BYTES
+    document = door.document(found, limit)
+    if kind != "sbom" and "sha256:" + hashlib.sha256(reports.document_bytes(document)).hexdigest() != digest:
+        raise UserError(f"{manifest.digest[:19]}: its {kind} document {digest[:19]} is not in the builder's form")
+    return document
+
+
+def _sign_sbom(publisher: Publisher, manifest: Manifest, tag: str, about: provenance.Subject,
+               cyclonedx: dict[str, Any]) -> None:  # fmt: skip
+    """The SBOM as attached, signed as CycloneDX and as SPDX 2.3 (as publish.attach_attestations does)."""
+    assert publisher.signer is not None
+    namespace = f"https://torch-images.invalid/spdx/{manifest.digest}"
+    for predicate_type, document, name in (
+        (provenance.CYCLONEDX, cyclonedx, "sbom.cdx"),
+        (provenance.SPDX, sbom.spdx_of(cyclonedx, namespace), "sbom.spdx"),
+    ):
+        statement = provenance.sbom_statement(about, predicate_type, document)
+        publisher.door.attach_statement(manifest, f"{tag}.{name}.att", statement, publisher.signer)
