@@ -276,4 +276,4 @@ def test_publish_on_a_machine_without_a_gpu_says_once_what_the_cuda_cells_need(m
     assert (
         line.count("need a passing GPU self-test") == 1 and f"3 CUDA cells ({', '.join(c.name for c in cuda)})" in line
     )
-    assert "publish --gpu-test" in line and "ci.gpu_optional" in line
+    assert "publish gpu-test" in line and "ci.gpu_optional" in line
