@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         say(f"{opened.root}: {bundle.import_cache(opened, house)} files copied into the cache {house.root}")
     results: list[build.BuildResult] = []
     use_registry_option(grid, args)
-    registry = registry_of(grid, args) if args.skip_existing else None
+    registry = _registry_to_read(grid, args) if args.skip_existing else None
     try:
         for cell in cells:
             published = functools.partial(_published_or_unknown, registry, grid, cell) if registry else None
@@ -134,6 +134,16 @@ def run(args: argparse.Namespace) -> int:
     SafeConsole(width=200).print(table)
     # A build that contradicts its cell's record fails, online and offline alike (its state says so).
     return 0 if all(not r.state.failed for r in results) else 1
+
+
+def _registry_to_read(grid: matrix.Matrix, args: argparse.Namespace) -> Registry | None:
+    """`--skip-existing`'s registry, or None (every cell built) where it cannot be read: CI builds
+    before it logs in, and a registry that wants credentials says nothing of what it holds."""
+    try:
+        return registry_of(grid, args)
+    except UserError as unread:
+        console.print(f"--skip-existing: {unread.line()}; building every cell named", highlight=False)
+        return None
 
 
 def _published_or_unknown(registry: Registry, grid: matrix.Matrix, cell: Cell, build_id: str) -> bool:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -126,7 +127,8 @@ def _workflow(checkout: Path, registry: str, disagree: bool) -> Path:
         step["env"].update(
             {"REGISTRY_USER": "${{ secrets.REGISTRY_USER }}", "REGISTRY_PASSWORD": "${{ secrets.REGISTRY_PASSWORD }}"}
         )
-        text = yaml.safe_dump(workflow, sort_keys=False).replace("'on':", "on:")
+        # YAML 1.1 reads the key `on` as true: written back as GitHub spells it
+        text = re.sub(r"^true:", "on:", yaml.safe_dump(workflow, sort_keys=False), flags=re.MULTILINE)
     path = checkout / ".github" / "workflows" / "torch-images.yml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -143,8 +145,9 @@ def _tool_cache(act_cache: Path) -> None:
 
 
 def _run_act(
-    checkout: Path, workflow: Path, actions_folder: Path, scratch: Path, context: dict[str, str]
-) -> subprocess.CompletedProcess[str]:
+    checkout: Path, workflow: Path, actions_folder: Path, scratch: Path, context: dict[str, str], log: Path
+) -> tuple[int, str]:
+    """act's exit status and its whole log (kept in `log` while it runs, to follow a long run)."""
     pins = actions.load()
     secrets = scratch / "secrets"
     secrets.write_text(
@@ -169,7 +172,11 @@ def _run_act(
           f"actions/{name}@{pins['actions/' + name].commit}={actions_folder / name}")),
     ]  # fmt: skip
     _tool_cache(scratch / "act-cache")
-    return subprocess.run(command, capture_output=True, text=True, env={**os.environ, "CI": ""}, timeout=3000)
+    with log.open("w") as written:
+        done = subprocess.run(
+            command, stdout=written, stderr=subprocess.STDOUT, env={**os.environ, "CI": ""}, timeout=3000
+        )
+    return done.returncode, log.read_text(errors="replace")
 
 
 def test_the_emitted_workflow_runs_under_act_and_the_tag_moves_only_when_the_rebuild_agrees(
@@ -194,20 +201,18 @@ def test_the_emitted_workflow_runs_under_act_and_the_tag_moves_only_when_the_reb
     grid = matrix.load_matrix(REPO / "matrix.yaml")
     cell = grid.cell(CELL)
 
-    disagreeing = _run_act(checkout, _workflow(checkout, running.host, True), actions_folder, tmp_path, context)
-    log = disagreeing.stdout + disagreeing.stderr
-    (tmp_path / "run-1.log").write_text(log)
-    assert disagreeing.returncode != 0, log[-4000:]
+    workflow = _workflow(checkout, running.host, True)
+    status, log = _run_act(checkout, workflow, actions_folder, tmp_path, context, tmp_path / "run-1.log")
+    assert status != 0, log[-4000:]
     assert "signed a rebuild of" in log and "names image sha256:dddddddddddd" in log, log[-4000:]
     assert "publish.require_rebuilds is 1" in log and "from 0 rebuilder key(s)" in log, log[-4000:]
     assert api.manifest("torch", cell.tag) is None  # promote refused: no versioned tag
     staged_runs = [t for t in _tags(running.host) if ".staging-" in t]
     assert staged_runs, "the cell job staged nothing"
 
-    agreeing = _run_act(checkout, _workflow(checkout, running.host, False), actions_folder, tmp_path, context)
-    log = agreeing.stdout + agreeing.stderr
-    (tmp_path / "run-2.log").write_text(log)
-    assert agreeing.returncode == 0, log[-6000:]
+    workflow = _workflow(checkout, running.host, False)
+    status, log = _run_act(checkout, workflow, actions_folder, tmp_path, context, tmp_path / "run-2.log")
+    assert status == 0, log[-6000:]
     for job in ("cell", "sign", "rebuild", "promote"):
         assert "Job succeeded" in log and f"[torch-images/{job}" in log, job
     promoted = api.manifest("torch", cell.tag)

@@ -258,3 +258,17 @@ def test_skip_existing_against_a_registry_that_will_not_answer_without_credentia
     grid = load_matrix(REPO / "matrix.yaml")
     assert build_command._published_or_unknown(Refusing(), grid, grid.flagship, "a" * 32) is False  # type: ignore[arg-type]
     assert "cannot tell whether build ID aaaaaaaaaaaa is published" in " ".join(capsys.readouterr().err.split())
+
+
+def test_skip_existing_with_a_registry_that_wants_credentials_builds_every_cell(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by the act run: reaching the registry itself asks for credentials, before any cell."""
+
+    def refuses(*_: object) -> None:
+        raise UserError("registry 127.0.0.1:5000 wants credentials (401); log in with `docker login`")
+
+    monkeypatch.setattr(build_command, "registry_of", refuses)
+    grid = load_matrix(REPO / "matrix.yaml")
+    assert build_command._registry_to_read(grid, argparse.Namespace()) is None
+    assert "--skip-existing: registry 127.0.0.1:5000 wants credentials" in " ".join(capsys.readouterr().err.split())
