@@ -11,9 +11,11 @@ ship in every clone, so theirs is built here with npm, as their `release` script
 - download-artifact: `npm ci` from its own lock; the bundle is checked to be byte for byte the
   one its pinned commit holds (its git blob hash).
 - upload-artifact: its lock pins @actions/artifact 6.2.0, which the npm registry no longer serves;
-  it is built with 6.2.1, and that client's CreateArtifact request leaves out `mime_type`, a field
-  act 0.2.89's artifact server refuses (`unknown field "mime_type"`). That bundle is therefore not
-  the pinned commit's bytes: a deviation the act test states, and the only one.
+  it is built with 6.2.1, with two edits for act 0.2.89's artifact server: the CreateArtifact
+  request leaves out `mime_type`, a field act refuses (`unknown field "mime_type"`), and the Azure
+  client's query parser (@azure/core-client's `pair.split("=", 2)`) keeps a value's `=` padding,
+  which it drops from act's base64 `sig` (act then answers "Error unauthorized"). That bundle is
+  therefore not the pinned commit's bytes: the deviation the act test states, and the only one.
 
 Needs git, node and npm (the npm registry); nothing else leaves this machine.
 """
@@ -34,6 +36,11 @@ NAMES = ("checkout", "setup-python", "cache", "upload-artifact", "download-artif
 CLIENT = "node_modules/@actions/artifact/lib/internal/upload/upload-artifact.js"
 MIME_LINE = re.compile(r"^(\s*)mimeType: StringValue\.create\(\{ value: contentType \}\),$", re.MULTILINE)
 UPLOAD_CLIENT_VERSION = "6.2.1"
+QUERY_SPLIT = re.compile(r'const \[name, value\] = pair\.split\("=", 2\);')
+QUERY_SPLIT_KEEPING_PADDING = (
+    'const cut = pair.indexOf("="); const name = cut < 0 ? pair : pair.slice(0, cut); '
+    "const value = cut < 0 ? undefined : pair.slice(cut + 1); // act: keep base64 padding"
+)
 
 
 def _git(clone: Path, *arguments: str) -> str:
@@ -88,9 +95,15 @@ def build_upload_artifact(folder: Path) -> str:
         raise SystemExit(f"{client}: the mimeType line to leave out was not found once ({count})")
     client.write_text(text)
     subprocess.run(["npm", "run", "release"], cwd=folder, check=True)
+    for bundle in (folder / "dist/upload/index.js", folder / "dist/merge/index.js"):
+        text, count = QUERY_SPLIT.subn(QUERY_SPLIT_KEEPING_PADDING, bundle.read_text())
+        if count != 1:
+            raise SystemExit(f"{bundle}: the query parser to mend was not found once ({count})")
+        bundle.write_text(text)
     return (
-        f"dist/: built with @actions/artifact {UPLOAD_CLIENT_VERSION} (the lock's 6.2.0 is not served) "
-        "without mime_type (act refuses it): NOT the pinned commit's bytes"
+        f"dist/: built with @actions/artifact {UPLOAD_CLIENT_VERSION} (the lock's 6.2.0 is not served), without "
+        "mime_type and with the Azure client's query parser keeping '=' padding (act needs both): NOT the "
+        "pinned commit's bytes"
     )
 
 

@@ -47,7 +47,8 @@ def recorded_documents(directory: Path, tag: str) -> dict[str, str]:
         if not path.exists() and not path.is_symlink():
             continue
         record = jsonread.loads(confined.read_bytes(path, MAX_RECORD_BYTES), str(path))
-        attached = record.get("attached") if isinstance(record, dict) and record.get("tag") == tag else None
+        # A form staged from the registry (its build already published) attached nothing this run.
+        attached = record.get("attached", {}) if isinstance(record, dict) and record.get("tag") == tag else None
         if not isinstance(attached, dict) or not all(
             kind in RECORDED_KINDS and isinstance(digest, str) and Registry.is_digest(digest)
             for kind, digest in attached.items()

@@ -13,11 +13,14 @@ no versioned tag exists. Run 2, the workflow as emitted: cell, sign, rebuild (Bu
 bootstrapped again), promote; the tag moves to the staged digest.
 
 Deviation from the pinned bytes, the only one (harness/act_actions.py): upload-artifact's bundle
-is built with @actions/artifact 6.2.1 without `mime_type`, which act 0.2.89's artifact server
-refuses (the lock's 6.2.0 is no longer served). download-artifact's bundle is built here and is
-its pinned commit's bytes; checkout, setup-python and cache are their pinned commits as they are.
-actions/checkout itself does not run: act copies the checkout under test in its place, as it does
-for the repository being run. setup-python finds this machine's Python 3.11 in act's tool cache.
+is built with @actions/artifact 6.2.1 (the lock's 6.2.0 is no longer served) without `mime_type`,
+which act 0.2.89's artifact server refuses, and with the Azure client's query parser keeping the
+`=` padding of act's signed URLs (it drops it, and act answers "Error unauthorized").
+download-artifact's bundle is built here and is its pinned commit's bytes; checkout, setup-python
+and cache are their pinned commits as they are. actions/checkout itself does not run: act copies
+the checkout under test in its place, as it does for the repository being run. setup-python finds
+this machine's Python 3.11 in act's tool cache. The hosted runner's disk clean-up step
+(`sudo rm -rf /usr/share/dotnet ...`) is not run: act runs steps on this machine itself.
 """
 
 from __future__ import annotations
@@ -112,6 +115,9 @@ def _checkout(into: Path, rebuilder_public: bytes) -> None:
 
 
 def _workflow(checkout: Path, registry: str, disagree: bool) -> Path:
+    """The emitted workflow, as the checkout's `ci github` writes it, with two changes for this host:
+    the hosted runner's disk clean-up (`sudo rm -rf /usr/share/dotnet ...`) is not run here, since
+    act runs it on this machine; and, with `disagree`, the rebuild job's step is the stand-in."""
     previous = Path.cwd()
     os.chdir(checkout)  # ci names the matrix as the checkout's root sees it
     try:
@@ -120,15 +126,19 @@ def _workflow(checkout: Path, registry: str, disagree: bool) -> Path:
         )
     finally:
         os.chdir(previous)
+    workflow = yaml.safe_load(text)
+    for job in workflow["jobs"].values():
+        for step in job["steps"]:
+            if "sudo rm -rf /usr/share/dotnet" in step.get("run", ""):
+                step["run"] = "df -h /  # the hosted runner's clean-up is not run on this machine"
     if disagree:
-        workflow = yaml.safe_load(text)
         [step] = [s for s in workflow["jobs"]["rebuild"]["steps"] if "--rebuild" in s.get("run", "")]
         step["run"] = STAND_IN
         step["env"].update(
             {"REGISTRY_USER": "${{ secrets.REGISTRY_USER }}", "REGISTRY_PASSWORD": "${{ secrets.REGISTRY_PASSWORD }}"}
         )
-        # YAML 1.1 reads the key `on` as true: written back as GitHub spells it
-        text = re.sub(r"^true:", "on:", yaml.safe_dump(workflow, sort_keys=False), flags=re.MULTILINE)
+    # YAML 1.1 reads the key `on` as true: written back as GitHub spells it
+    text = re.sub(r"^true:", "on:", yaml.safe_dump(workflow, sort_keys=False, width=1000), flags=re.MULTILINE)
     path = checkout / ".github" / "workflows" / "torch-images.yml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)

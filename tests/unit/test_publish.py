@@ -15,7 +15,7 @@ from builder.errors import UserError
 from builder.facts.compat import TorchWheels
 from builder.oci.registry import Manifest
 from builder.plan.matrix import load_matrix
-from builder.publish import publish, staging
+from builder.publish import publish, signing, staging
 from builder.publish.publisher import Publisher
 
 REPO = Path(__file__).resolve().parents[2]
@@ -179,3 +179,24 @@ def test_promote_without_a_key_refuses_a_staged_image_with_no_report_and_lists_r
     with pytest.raises(UserError, match="refused, nothing promoted"):  # its report is about another image
         staging.gate_in_registry(Publisher(reported, grid, lambda _: None), [cell], "7")  # type: ignore[arg-type]
     assert reported.listings.count(publish.ARTIFACT_TYPES["selftest"]) == 1
+
+
+def test_the_sign_job_reads_which_documents_a_run_attached_and_refuses_a_record_that_is_not_one(tmp_path: Path) -> None:
+    """A staged record names, by sha256, what the stage and GPU jobs attached; one staged from the
+    registry names nothing; a missing, foreign or malformed one is one line."""
+    tag, digest = "t.staging-1", "sha256:" + "a" * 64
+    (tmp_path / f"{tag}.json").write_text(json.dumps({"tag": tag, "digest": digest, "attached": {"sbom": digest}}))
+    (tmp_path / f"{tag}.gpu.json").write_text(
+        json.dumps({"tag": tag, "digest": digest, "attached": {"gpu-selftest": digest}})
+    )
+    assert signing.recorded_documents(tmp_path, tag) == {"sbom": digest, "gpu-selftest": digest}
+    (tmp_path / f"{tag}.gpu.json").unlink()
+    (tmp_path / f"{tag}.json").write_text(json.dumps({"tag": tag, "digest": digest}))  # staged from the registry
+    assert signing.recorded_documents(tmp_path, tag) == {}
+    for hostile in ({"tag": "other", "attached": {}}, {"tag": tag, "attached": {"sbom": "sha256:zz"}},
+                    {"tag": tag, "attached": {"script": digest}}):  # fmt: skip
+        (tmp_path / f"{tag}.json").write_text(json.dumps(hostile))
+        with pytest.raises(UserError, match=r"not a staged record of t\.staging-1"):
+            signing.recorded_documents(tmp_path, tag)
+    with pytest.raises(UserError, match=r"no u.staging-1.json; give the folder `publish stage` wrote"):
+        signing.recorded_documents(tmp_path, "u.staging-1")
