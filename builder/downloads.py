@@ -78,12 +78,23 @@ def local_path(url: str) -> Path | None:
     return Path(urllib.request.url2pathname(url.removeprefix("file://"))) if url.startswith("file://") else None
 
 
-def download(url: str, target: Path, timeout: float = 120) -> None:
-    """Write the body of `url` to `target` (a file:// URL is copied: local mirrors and tests)."""
+class TooLarge(OSError):
+    """A body longer than the most its reader takes: the download stops there."""
+
+
+def download(url: str, target: Path, timeout: float = 120, most: int | None = None) -> None:
+    """Write the body of `url` to `target` (a file:// URL is copied: local mirrors and tests),
+    stopping with TooLarge past `most` bytes: a server cannot fill the disk with a pinned file."""
     local = local_path(url)
     if local is not None:
+        if most is not None and local.stat().st_size > most:
+            raise TooLarge(f"{url} has more than {most} bytes")
         shutil.copyfile(local, target)
         return
+    written = 0
     with stream(url, timeout=timeout) as response, target.open("wb") as sink:
         for chunk in response.iter_content(1 << 20):
+            written += len(chunk)
+            if most is not None and written > most:
+                raise TooLarge(f"{url} sent more than {most} bytes")
             sink.write(chunk)

@@ -22,23 +22,30 @@ def partial_beside(cached: Path) -> Path:
         return Path(part.name)
 
 
+# The most one pinned file may take: the largest pinned today is qemu-user's .deb, 71 MB. A
+# server that sends more is stopped there, not allowed to fill the disk.
+MAX_PINNED_BYTES = 256 << 20
+
+
 def fetch(url: str, sha256: str, cached: Path, expected_by: str, unreachable: str = "") -> Path:
     """`cached`, downloaded from `url` unless it is there with the sha256 that `expected_by`
-    gives ("the matrix pins", "its signed Release says"); a download with another sha256 is
-    refused and not kept. `unreachable` ends the line when the download fails."""
-    if cached.is_file() and digests.sha256_file(cached) == sha256:
+    gives ("the matrix pins", "its signed Release says"); a download with another sha256, or past
+    MAX_PINNED_BYTES, is refused and not kept. `unreachable` ends the line when the download
+    fails. Nothing is left beside `cached` however it ends, an interruption (Ctrl-C) included."""
+    if cached.is_file() and not cached.is_symlink() and digests.sha256_file(cached) == sha256:
         return cached
     partial = partial_beside(cached)
     try:
-        downloads.download(url, partial, timeout=60)
-    except OSError as error:
+        try:
+            downloads.download(url, partial, timeout=60, most=MAX_PINNED_BYTES)
+        except OSError as error:
+            raise UserError(f"could not fetch {url} ({getattr(error, 'reason', error)}){unreachable}") from None
+        actual = digests.sha256_file(partial)
+        if actual != sha256:
+            raise UserError(f"{url} has sha256 {actual}; {expected_by} {sha256}")
+        partial.replace(cached)
+    finally:
         partial.unlink(missing_ok=True)
-        raise UserError(f"could not fetch {url} ({getattr(error, 'reason', error)}){unreachable}") from None
-    actual = digests.sha256_file(partial)
-    if actual != sha256:
-        partial.unlink()
-        raise UserError(f"{url} has sha256 {actual}; {expected_by} {sha256}")
-    partial.replace(cached)
     return cached
 
 

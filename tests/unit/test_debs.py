@@ -164,7 +164,7 @@ def test_each_keyring_fetch_writes_a_partial_file_of_its_own_and_leaves_none(
     monkeypatch.setenv("TORCH_IMAGES_CACHE", str(tmp_path / "cache"))
     written: list[Path] = []
 
-    def download(url: str, destination: Path, timeout: int) -> None:
+    def download(url: str, destination: Path, timeout: int, most: int) -> None:
         written.append(destination)
         destination.write_bytes(b"not the pinned package")
 
@@ -177,3 +177,26 @@ def test_each_keyring_fetch_writes_a_partial_file_of_its_own_and_leaves_none(
     first, second = written
     assert first != second and first.parent == second.parent
     assert first.parent.name == keyring.sha256 and list(first.parent.iterdir()) == []
+
+
+def test_a_pinned_download_stops_at_its_cap_and_an_interrupted_one_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 57: a server that sends a pinned .deb without end is stopped at MAX_PINNED_BYTES (here a
+    file:// source larger than a lowered cap), and Ctrl-C in the middle leaves no `.part-*` file."""
+    source = tmp_path / "huge.deb"
+    source.write_bytes(b"x" * 4096)
+    cached = tmp_path / "cache" / "huge.deb"
+    monkeypatch.setattr(debfile, "MAX_PINNED_BYTES", 1024)
+    with pytest.raises(UserError, match=r"could not fetch file://.*huge\.deb \(.*has more than 1024 bytes\)"):
+        debfile.fetch(source.as_uri(), "0" * 64, cached, "the test pins")
+    assert list(cached.parent.iterdir()) == []
+
+    def interrupted(url: str, destination: Path, timeout: int, most: int) -> None:
+        destination.write_bytes(b"half a package")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(debfile.downloads, "download", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        debfile.fetch("http://127.0.0.1:9/x.deb", "0" * 64, cached, "the test pins")
+    assert list(cached.parent.iterdir()) == []
