@@ -224,3 +224,13 @@ def test_a_record_without_a_base_or_for_other_inputs_says_nothing_of_the_base(un
     assert recorded.wrong_base(unrecorded_cell, BASE_CHANGED, _build_id_on) is None
     recorded.write(unrecorded_cell, IMAGE_A, "3" * 32, BASE_RECORDED)  # the context moved since
     assert recorded.wrong_base(unrecorded_cell, BASE_CHANGED, _build_id_on) is None
+
+
+def test_every_buildable_cell_has_its_recorded_image_id_and_base() -> None:
+    """Issue 55: a build that contradicts its record fails, so every cell the matrix builds has one
+    (written from runs that agreed: `sweep --record-passed`, `verify-repro --record`), naming the
+    base it was built on."""
+    grid = load_matrix(FIXTURES.parents[1] / "matrix.yaml")
+    missing = [cell.name for cell in grid.cells if recorded.read(cell) is None]
+    assert missing == []
+    assert all(record.base_id for record in (recorded.read(cell) for cell in grid.cells) if record is not None)
