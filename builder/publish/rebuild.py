@@ -156,9 +156,12 @@ def rebuild(
         found.notes.append("unsigned (no --key): going on from the image's labels, which anyone who can push writes")
     locks = build.preflight(cell, grid)
     house = wheelhouse.Wheelhouse(offline=options.offline)
-    # Independent of whatever built it first: the base is bootstrapped again from its hashed .debs,
-    # never taken from the engine or a restored cache (wheels are checked by sha256 on use).
-    bases.forget_locked(engine, build.locked_base_tag(locks))
+    # Independent of whatever built it first: the base is never loaded from a restored cache (a
+    # rebuild on a fresh CI runner bootstraps it again from its hashed .debs; wheels are checked by
+    # sha256 on use). A base the engine already holds is used only where it is the one the cell's
+    # record names (cell_build_id); the engine's tag is not removed, since another build on the
+    # same engine may be using it.
+    bases.forget_cached_rootfs(build.locked_base_tag(locks))
     _, local_build_id = build.cell_build_id(engine, grid, locks, report, house)
     if local_build_id != label_build_id:
         raise UserError(
