@@ -89,7 +89,9 @@ def _sign_form(publisher: Publisher, cell: Cell, tag: str, staged_record: Path) 
     about = provenance.Subject(f"{grid.spec.registry}/{publisher.repository}", manifest.digest, image_id, build_id)
     already = door.signed(manifest.digest, image_id, signer.public_key, provenance.MAX_VERIFIED)
     have = {found.predicate_type for found in already}
-    reports_signed = {_as_signed(found.predicate) for found in already if found.predicate_type == provenance.SELFTEST}
+    reports_signed = {
+        reports.document_bytes(found.predicate) for found in already if found.predicate_type == provenance.SELFTEST
+    }
     signed = []
     if provenance.PROVENANCE not in have:
         statement = provenance.provenance_statement(about, cell, provenance.builder_version())
@@ -104,16 +106,18 @@ def _sign_form(publisher: Publisher, cell: Cell, tag: str, staged_record: Path) 
             continue
         if document.get("image_id") != image_id:
             raise UserError(f"{tag}: the recorded {kind} report is for another image; nothing more signed")
-        if _as_signed(document) in reports_signed:  # a rerun, or sign-gpu after sign
+        if _as_signed(document, about) in reports_signed:  # a rerun, or sign-gpu after sign
             continue
         door.attach_signed_report(manifest, tag, about, document, signer)
         signed.append(f"{smoke.report_kind(document)} self-test ({document.get('status')})")
     return f"{cell.name}: signed {', '.join(signed) or 'nothing new'} for {tag} ({manifest.digest[:19]})"
 
 
-def _as_signed(report: dict[str, Any]) -> bytes:
-    """A report as its signed statement carries it (without the table the terminal shows)."""
-    return reports.document_bytes({k: v for k, v in report.items() if k != "table"})
+def _as_signed(report: dict[str, Any], about: provenance.Subject) -> bytes:
+    """A report as its signed statement carries it: through the statement's own encoding (no
+    table; in-toto's Struct writes every number as a float), so a report signed before compares
+    equal to the same report read again."""
+    return reports.document_bytes(provenance.selftest_statement(about, report)["predicate"])
 
 
 def _attached_document(publisher: Publisher, manifest: Manifest, kind: str, digest: str) -> dict[str, Any]:
