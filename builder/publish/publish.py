@@ -20,6 +20,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import docker
 import docker.errors
@@ -235,15 +236,9 @@ def attach_attestations(publisher: Publisher, item: Publication) -> None:
             if found:
                 door.attach_signed_report(subject, item.target, about, found, signer)
                 signed.append(f"{smoke.report_kind(found)} self-test")
-    if provenance.CYCLONEDX not in have:  # the SBOM the builder made and attached, as CycloneDX and as SPDX 2.3
+    if provenance.CYCLONEDX not in have:  # the SBOM the builder made and attached
         cyclonedx = jsonread.loads(made_documents(publisher.images, item)["sbom"], "the SBOM")
-        namespace = f"https://torch-images.invalid/spdx/{item.digest}"
-        for predicate_type, document, name in (
-            (provenance.CYCLONEDX, cyclonedx, "sbom.cdx"),
-            (provenance.SPDX, sbom.spdx_of(cyclonedx, namespace), "sbom.spdx"),
-        ):
-            statement = provenance.sbom_statement(about, predicate_type, document)
-            door.attach_statement(subject, f"{item.target}.{name}.att", statement, signer)
+        attach_signed_sbom(door, subject, item.target, about, cyclonedx, signer)
         signed.append("SBOM (CycloneDX, SPDX)")
     decisions = [d for d in vex.load(grid.path) if d.applies_to(item.cell.name)]
     if decisions and provenance.OPENVEX not in have:
@@ -257,6 +252,21 @@ def attach_attestations(publisher: Publisher, item: Publication) -> None:
     else:
         report(f"signed nothing for {item.target} ({item.digest[:19]}): it carries every statement, each verified "
                "with the key")  # fmt: skip
+
+
+def attach_signed_sbom(
+    door: attachments.Door, subject: Manifest, target: str, about: provenance.Subject, cyclonedx: dict[str, Any],
+    signer: CryptoSigner,
+) -> None:  # fmt: skip
+    """An image's SBOM signed twice: as CycloneDX, and as SPDX 2.3 made from it (`<target>.sbom.cdx.att`,
+    `<target>.sbom.spdx.att`)."""
+    namespace = f"https://torch-images.invalid/spdx/{subject.digest}"
+    for predicate_type, document, name in (
+        (provenance.CYCLONEDX, cyclonedx, "sbom.cdx"),
+        (provenance.SPDX, sbom.spdx_of(cyclonedx, namespace), "sbom.spdx"),
+    ):
+        statement = provenance.sbom_statement(about, predicate_type, document)
+        door.attach_statement(subject, f"{target}.{name}.att", statement, signer)
 
 
 def _push_metadata(publisher: Publisher, item: Publication, kinds: list[str], documents: dict[str, bytes]) -> None:

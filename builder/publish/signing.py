@@ -23,7 +23,7 @@ from builder.assemble import smoke
 from builder.errors import UserError
 from builder.oci.registry import IMAGE_TYPES, Manifest, Registry
 from builder.plan.cell import Cell
-from builder.publish import existing, provenance, publish, reports, sbom, staging
+from builder.publish import existing, provenance, publish, reports, staging
 from builder.publish.publisher import Publisher
 
 # The kinds of document a run's jobs attach and record: the cell job's self-test report and SBOM,
@@ -101,7 +101,7 @@ def _sign_form(publisher: Publisher, cell: Cell, tag: str, staged_record: Path) 
         document = _attached_document(publisher, manifest, kind, digest)
         if kind == "sbom":
             if provenance.CYCLONEDX not in have:
-                _sign_sbom(publisher, manifest, tag, about, document)
+                publish.attach_signed_sbom(door, manifest, tag, about, document, signer)
                 signed.append("SBOM (CycloneDX, SPDX)")
             continue
         if document.get("image_id") != image_id:
@@ -135,16 +135,3 @@ def _attached_document(publisher: Publisher, manifest: Manifest, kind: str, dige
     if kind != "sbom" and "sha256:" + hashlib.sha256(reports.document_bytes(document)).hexdigest() != digest:
         raise UserError(f"{manifest.digest[:19]}: its {kind} document {digest[:19]} is not in the builder's form")
     return document
-
-
-def _sign_sbom(publisher: Publisher, manifest: Manifest, tag: str, about: provenance.Subject,
-               cyclonedx: dict[str, Any]) -> None:  # fmt: skip
-    """The SBOM as attached, signed as CycloneDX and as SPDX 2.3 (as publish.attach_attestations does)."""
-    assert publisher.signer is not None
-    namespace = f"https://torch-images.invalid/spdx/{manifest.digest}"
-    for predicate_type, document, name in (
-        (provenance.CYCLONEDX, cyclonedx, "sbom.cdx"),
-        (provenance.SPDX, sbom.spdx_of(cyclonedx, namespace), "sbom.spdx"),
-    ):
-        statement = provenance.sbom_statement(about, predicate_type, document)
-        publisher.door.attach_statement(manifest, f"{tag}.{name}.att", statement, publisher.signer)
