@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 
 from builder.commands import (
     audit,
@@ -80,9 +82,20 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.N
     return args
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a CI cancel, a timeout): unwound as an interrupt is, so every `finally` and
+    clean-up on the way out runs (a failed build's and an interrupted one's alike)."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parse(parser, argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminated)
     try:
         code: int = args.func(args)
         sys.stdout.flush()
@@ -95,8 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         console.print(f"error: {error.line()}", style="red", soft_wrap=True)
         return EXIT_USER_ERROR
+    except Terminated:
+        console.print("terminated (SIGTERM); what this run had begun was removed")
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
-        console.print("interrupted")
+        console.print("interrupted; what this run had begun was removed")
         return 130
 
 

@@ -79,12 +79,21 @@ def read_bytes(path: Path, limit: int | None = None) -> bytes:
 
 
 def write_text(path: Path, text: str) -> None:
-    """Write a file, never through a symbolic link (a link in its place is refused, not followed)."""
+    """Write a file whole or not at all, never through a symbolic link: a link in its place, a
+    dangling one included, is refused, not followed. The text goes to a new file beside it first,
+    which then replaces it (a rename replaces a name, never what a link names), so an interrupted
+    write leaves the old file as it was."""
+    if os.path.islink(path):
+        raise UserError("is a symbolic link; the builder writes no file through a link: remove it", path)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     except OSError as error:
-        if os.path.islink(path):
-            raise UserError("is a symbolic link; the builder writes no file through a link: remove it", path) from None
         raise UserError(f"cannot write: {error.strerror}", path) from None
-    with os.fdopen(handle, "w") as file:
-        file.write(text)
+    try:
+        with os.fdopen(handle, "w") as file:
+            file.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise

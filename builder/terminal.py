@@ -4,6 +4,7 @@ the console reads no markup, so a `[` in such text is a bracket, not a Rich tag.
 
 from __future__ import annotations
 
+import html
 import re
 from typing import Any
 
@@ -49,3 +50,30 @@ class SafeConsole(Console):
     def print(self, *objects: Any, **options: Any) -> None:
         options.pop("markup", None)
         super().print(*(printable(o) if isinstance(o, str) else o for o in objects), markup=False, **options)
+
+
+# ---------------------------------------------------------------- Markdown tables (README, docs/matrix.md)
+
+MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()|~!@#])")
+CODE_SAFE = re.compile(r"[A-Za-z0-9._:/@+-]{1,200}")  # a registry, repository, tag or platform, as validated
+MAX_CELL_TEXT = 120
+AUTOLINK = re.compile(r"//|www\.", re.IGNORECASE)
+ZERO_WIDTH_SPACE = "&#8203;"
+
+
+def markdown_text(value: object) -> str:
+    """A value from a record (and so from a report, a registry or a sweep row) as inert Markdown: HTML's
+    `<`, `>` and `&` as entities, Markdown's punctuation backslash-escaped, no line break, and at
+    most 120 characters. It can open no tag, link, code span or table cell, and cannot be the
+    table's end marker."""
+    text = " ".join(str(value).split())[:MAX_CELL_TEXT]
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    escaped = MARKDOWN_SPECIAL.sub(r"\\\1", html.escape(text, quote=False))
+    # GitHub links a bare `https://...` or `www....` by itself: a zero-width space breaks both.
+    return AUTOLINK.sub(lambda found: found.group()[:-1] + ZERO_WIDTH_SPACE + found.group()[-1], escaped)
+
+
+def code_text(value: object) -> str:
+    """A name (tag, repository, platform) as a code span when it is plain name characters, else
+    as escaped text: a code span cannot be closed by a name without backticks."""
+    return f"`{value}`" if isinstance(value, str) and CODE_SAFE.fullmatch(value) else markdown_text(value)

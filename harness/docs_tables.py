@@ -10,6 +10,7 @@ committed is not what the code gives."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import math
 import re
@@ -18,6 +19,10 @@ import types
 import typing
 from pathlib import Path
 from typing import Any
+
+from builder import confined
+from builder.assemble import sweep
+from builder.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 DEVELOPMENT = REPO / "docs" / "development.md"
@@ -153,8 +158,18 @@ def _found(page: str, pattern: str) -> str:
 
 
 def _flagship_row() -> dict[str, Any]:
-    """The flagship's row of the sweep's record (images/sweep.json, written by `sweep`)."""
-    row: dict[str, Any] = json.loads(SWEEP_RECORD.read_text())[FLAGSHIP]
+    """The flagship's row of the sweep's record (images/sweep.json, written by `sweep`), read as
+    `sweep` reads it (each field of its kind: no `nan GB`); a size or a build time of nothing is
+    not a figure. A record that is not one stops here in one line."""
+    try:
+        rows = sweep.read_record(SWEEP_RECORD)
+    except UserError as error:
+        raise SystemExit(error.line()) from None
+    if FLAGSHIP not in rows:
+        raise SystemExit(f"{SWEEP_RECORD}: no row for the flagship {FLAGSHIP}; sweep it (./nox -s sweep -- {FLAGSHIP})")
+    row = dataclasses.asdict(rows[FLAGSHIP])
+    if row["size_bytes"] <= 0 or row["build_seconds"] <= 0:
+        raise SystemExit(f"{SWEEP_RECORD}: the flagship's row has no size or build time; sweep it again")
     return row
 
 
@@ -198,10 +213,10 @@ def with_figures(text: str) -> str:
 
 
 def main() -> None:
-    DEVELOPMENT.write_text(with_layout(DEVELOPMENT.read_text()))
-    CUSTOM_IMAGES.write_text(with_keys(CUSTOM_IMAGES.read_text()))
-    SCHEMA.write_text(matrix_schema())
-    README.write_text(with_figures(README.read_text()))
+    confined.write_text(DEVELOPMENT, with_layout(DEVELOPMENT.read_text()))
+    confined.write_text(CUSTOM_IMAGES, with_keys(CUSTOM_IMAGES.read_text()))
+    confined.write_text(SCHEMA, matrix_schema())
+    confined.write_text(README, with_figures(README.read_text()))
     print(
         f"wrote the layout table in {DEVELOPMENT}, the key table in {CUSTOM_IMAGES}, {SCHEMA}, and {README}'s figures"
     )

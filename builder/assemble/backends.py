@@ -4,6 +4,7 @@ return the builder's error ("" on success)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -150,14 +151,23 @@ def buildkit_build(engine: docker.DockerClient, request: BuildRequest, report: R
         env={**os.environ, **extra_env},
     )
     assert process.stdin is not None and process.stdout is not None
-    process.stdin.write(context_tar(cell, request.epoch).getvalue())
-    process.stdin.close()
     last_lines: list[str] = []
-    for raw in process.stdout:
-        line = raw.decode(errors="replace").rstrip()
-        last_lines = [*last_lines[-5:], line]
-        if re.match(r"^#\d+ \[", line):
-            report(f"{cell.name}: {line[:110]}")
+    try:
+        process.stdin.write(context_tar(cell, request.epoch).getvalue())
+        process.stdin.close()
+        for raw in process.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            last_lines = [*last_lines[-5:], line]
+            if re.match(r"^#\d+ \[", line):
+                report(f"{cell.name}: {line[:110]}")
+    except BaseException:
+        # Interrupted: the CLI is not left building on its own (a SIGTERM reaches only this
+        # process); stopping it makes BuildKit cancel the build.
+        process.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=30)
+        process.kill()
+        raise
     if process.wait() != 0:
         return " | ".join(line for line in last_lines[-3:] if line)
     return ""

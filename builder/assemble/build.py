@@ -11,21 +11,23 @@ from __future__ import annotations
 import contextlib
 import enum
 import hashlib
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import docker
 import docker.errors
 import docker.models.images
 
-from builder import confined, paths, times
+from builder import confined, jsonread, paths, times
 from builder.assemble import backends, size
 from builder.assemble.backends import BuildRequest
 from builder.assemble.context import build_id
 from builder.config import grammar, layout
 from builder.config import platform as platforms
-from builder.engine import bases, ids
+from builder.engine import bases, daemon, ids
 from builder.errors import UserError
 from builder.lock import inputs
 from builder.lock.inputs import CellLocks
@@ -263,11 +265,17 @@ def build_cell(
     request = BuildRequest(cell, reference, base_reference, epoch, options.no_cache, labels)
     mark = time.monotonic()
     step_images: list[str] = []
-    with wheelserver.serve(house, grid.spec.wheelhouse.listen):
-        if options.backend == "buildkit":
-            error = backends.buildkit_build(engine, request, report)
-        else:
-            error = backends.classic_build(engine, request, report, step_images)
+    try:
+        with wheelserver.serve(house, grid.spec.wheelhouse.listen):
+            if options.backend == "buildkit":
+                error = backends.buildkit_build(engine, request, report)
+            else:
+                error = backends.classic_build(engine, request, report, step_images)
+    except BaseException:
+        # Interrupted (SIGINT, SIGTERM) or the engine gone: the steps that finished are removed as
+        # a failed build's are, so a cancelled CI job leaves no gigabytes of step images behind.
+        _remove_steps(engine, step_images)
+        raise
     result.phases["engine"] = time.monotonic() - mark
     result.seconds = time.monotonic() - started
     if error:
@@ -293,7 +301,45 @@ def build_cell(
         result.intermediate = raw_id
     result.image_id, result.size_bytes = ids.config_digest(engine, reference), int(image.attrs["Size"])
     result.state = BuildState.BUILT
+    record_builder(engine, result.image_id, options.backend)
     return _within_budget(engine, grid, cell, result)
+
+
+MAX_BUILDER_NAME = 200
+
+
+def _builder_record(image_id: str) -> Path:
+    return paths.cache_dir("builds") / f"{image_id.removeprefix('sha256:')}.json"
+
+
+def record_builder(engine: docker.DockerClient, image_id: str, backend: str) -> None:
+    """Which engine and backend built `image_id` here (the builder's cache, `builds/`), for a
+    rebuild's statement to name (`publish stage-rebuild`)."""
+    name = daemon.description(engine) + (", BuildKit" if backend == "buildkit" else "")
+    confined.write_text(_builder_record(image_id), json.dumps({"image_id": image_id, "builder": name}) + "\n")
+
+
+def built_by(image_id: str) -> str | None:
+    """The engine and backend that built `image_id` on this machine, or None where no build here
+    recorded it (or the record is not one)."""
+    path = _builder_record(image_id)
+    if not path.is_file() or path.is_symlink():
+        return None
+    try:
+        record = jsonread.loads(confined.read_bytes(path, 4096), str(path))
+    except UserError:
+        return None
+    name = record.get("builder") if isinstance(record, dict) and record.get("image_id") == image_id else None
+    ok = isinstance(name, str) and 0 < len(name) <= MAX_BUILDER_NAME and name.isprintable()
+    return name if ok else None
+
+
+def _remove_steps(engine: docker.DockerClient, step_images: list[str]) -> None:
+    """Remove the images an unfinished build's steps made, newest first (each is the parent of
+    the one after it), and whatever is left dangling of them; errors are not ours to raise here."""
+    for image in reversed(step_images):
+        with contextlib.suppress(docker.errors.APIError, OSError):
+            engine.images.remove(image, force=True, noprune=False)
 
 
 def contradicts_record(engine: docker.DockerClient, result: BuildResult, said: str) -> None:

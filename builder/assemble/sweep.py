@@ -8,9 +8,11 @@ image is not its record fails."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import docker
 
@@ -22,6 +24,7 @@ from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
 from builder.progress import Report
 from builder.repro import recorded
+from builder.terminal import code_text, markdown_text
 from builder.wheelhouse import wheelhouse
 
 RECORD_NAME = "sweep.json"
@@ -83,15 +86,34 @@ def read_record(path: Path) -> dict[str, SweepRow]:
     if not isinstance(data, dict) or not all(isinstance(v, dict) and set(v) in shapes for v in data.values()):
         raise UserError(f"is not a sweep record (an object of cells, each with {', '.join(sorted(fields))}); "
                         "remove it and sweep again", path)  # fmt: skip
-    try:
-        return {name: SweepRow(**row) for name, row in data.items()}
-    except TypeError as error:
-        raise UserError(f"is not a sweep record ({error}); remove it and sweep again", path) from None
+    for name, row in data.items():
+        wrong = _wrong_field(row)
+        if wrong is not None:
+            raise UserError(f"is not a sweep record: {markdown_text(name)[:80]}'s {wrong}; remove it and sweep again",
+                            path)  # fmt: skip
+    return {name: SweepRow(**row) for name, row in data.items()}
+
+
+def _wrong_field(row: dict[str, Any]) -> str | None:
+    """The first field of a row that is not of its kind (a string, or a finite number not below
+    zero), said as `field is not ...`; None for a row of the right kinds."""
+    for name, kind in (("size_bytes", int), ("largest_layer_bytes", int), ("checks_passed", int),
+                       ("checks_total", int), ("build_seconds", float)):  # fmt: skip
+        value = row.get(name)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not isinstance(value, (int, float)) or not number or (kind is int and not isinstance(value, int)):
+            return f"{name} is not a {'whole ' if kind is int else ''}number of zero or more"
+        if not math.isfinite(value) or value < 0:
+            return f"{name} is not a {'whole ' if kind is int else ''}number of zero or more"
+    for name in ("cell", "platform", "build_id", "image_id", "status", "detail", "engine", "date", "dockerfile"):
+        if not isinstance(row.get(name, ""), str):
+            return f"{name} is not a string"
+    return None
 
 
 def write_record(path: Path, rows: dict[str, SweepRow]) -> None:
     text = json.dumps({name: asdict(rows[name]) for name in sorted(rows)}, indent=1, sort_keys=True) + "\n"
-    path.write_text(text)
+    confined.write_text(path, text)
 
 
 def sweep_cell(
@@ -163,8 +185,8 @@ def sweep(
         rows[cell.name] = sweep_cell(engine, grid, cell, house, report, engine_name)
         report(f"{step}: {rows[cell.name].status} ({rows[cell.name].detail})")
         write_record(path, rows)
-        table_path(grid).write_text(table(grid, rows))
-    table_path(grid).write_text(table(grid, rows))
+        confined.write_text(table_path(grid), table(grid, rows))
+    confined.write_text(table_path(grid), table(grid, rows))
     return rows
 
 
@@ -231,14 +253,14 @@ def table(grid: Matrix, rows: dict[str, SweepRow]) -> str:
         if row is None:
             lines.append(f"| {name} | {current[name].platform} | not swept | | | | | | | |")
             continue
-        verdict = f"{row.status}, {row.checks_passed}/{row.checks_total}" if row.checks_total else row.status
+        said = f"{row.status}, {row.checks_passed}/{row.checks_total}" if row.checks_total else row.status
+        verdict = markdown_text(said)
         if row.dockerfile != dockerfile_sha256(current[name]):
             verdict = f"*stale*: {verdict}"
-        lines.append(
-            f"| {name} | {row.platform} | {row.build_id[:12]} | {row.image_id[7:19]} | {size.human(row.size_bytes)} "
-            f"| {size.human(row.largest_layer_bytes)} | {row.build_seconds:.0f} s | {verdict} | {row.engine} "
-            f"| {row.date} |"
-        )
+        cells = [name, markdown_text(row.platform), markdown_text(row.build_id[:12]), markdown_text(row.image_id[7:19]),
+                 size.human(row.size_bytes), size.human(row.largest_layer_bytes), f"{row.build_seconds:.0f} s", verdict,
+                 markdown_text(row.engine), markdown_text(row.date)]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join([*lines, *_rejected_section(grid), *_former_section(current, rows)]) + "\n"
 
 
@@ -248,7 +270,9 @@ def _rejected_section(grid: Matrix) -> list[str]:
         return []
     lines = ["", "## Rejected combinations", "", "Not built: `python -m builder plan` gives the same reasons.", ""]
     lines += ["| combination | reason |", "|---|---|"]
-    lines += [f"| {r.name} | {r.reason.replace('|', '/')} |" for r in sorted(grid.rejected, key=lambda r: r.name)]
+    lines += [
+        f"| {markdown_text(r.name)} | {markdown_text(r.reason)} |" for r in sorted(grid.rejected, key=lambda r: r.name)
+    ]
     return lines
 
 
@@ -260,5 +284,6 @@ def _former_section(current: dict[str, Cell], rows: dict[str, SweepRow]) -> list
     lines = ["", "## Swept before, no longer built", "", "| cell | build ID | result | date |", "|---|---|---|---|"]
     for name in former:
         row = rows[name]
-        lines.append(f"| {name} | {row.build_id[:12]} | {row.status}: {row.detail.replace('|', '/')} | {row.date} |")
+        lines.append(f"| {code_text(name)} | {markdown_text(row.build_id[:12])} | {markdown_text(row.status)}: "
+                     f"{markdown_text(row.detail)} | {markdown_text(row.date)} |")  # fmt: skip
     return lines

@@ -13,8 +13,7 @@ from rich.text import Text
 from builder.commands.common import Register, console, grid_of
 from builder.config import vex
 from builder.lock import audit
-from builder.publish.publish import markdown_text
-from builder.terminal import SafeConsole, printable
+from builder.terminal import SafeConsole, markdown_text, printable
 
 
 def add(register: Register) -> None:

@@ -21,7 +21,7 @@ from builder.commands.common import (
     registry_options,
     use_registry_option,
 )
-from builder.engine import daemon
+from builder.engine import bases, daemon
 from builder.errors import UserError
 from builder.lock.inputs import CellLocks
 from builder.oci.registry import Registry
@@ -57,6 +57,12 @@ def add(register: Register) -> None:
         action="store_true",
         help="build every step again and run the self-test again (default: reuse the engine's cache, "
         "and a passing self-test of the same image ID from an earlier run)",
+    )
+    build_cmd.add_argument(
+        "--fresh-base",
+        action="store_true",
+        help="bootstrap each cell's base again from its hashed .debs, whatever the cache holds (a rebuild that owes "
+        "nothing to the first build's cache: CI's rebuild job)",
     )
     build_cmd.add_argument(
         "--no-smoke", action="store_true", help="skip the self-test (then the image cannot be published)"
@@ -107,6 +113,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"the bundle {opened.root} rebuilds {opened.cell} only; name no other cell")
     cells = [grid.cell(opened.cell)] if opened else cells_of(args, grid)
     checked = {cell.name: build.preflight(cell, grid) for cell in cells}  # before a byte reaches the engine
+    if args.fresh_base:
+        for locks in checked.values():
+            bases.forget_cached_rootfs(build.locked_base_tag(locks))
     if opened:
         bundle.check_against_repository(opened, cells[0], checked[opened.cell])
     client = daemon.client()

@@ -26,7 +26,7 @@ from builder.commands.common import (
 )
 from builder.engine import daemon
 from builder.plan.matrix import Matrix
-from builder.publish import provenance, prune, publish, signing, staging, trust
+from builder.publish import provenance, prune, publish, rebuilds, signing, staging, trust
 from builder.publish.publication import Publication
 from builder.publish.publisher import Publisher
 
@@ -54,9 +54,15 @@ def add(register: Register) -> None:
         ("sign", "CI, in a job that runs no build code and no image: sign with the team's key what the run staged "
          "(provenance, and the documents its jobs recorded attaching), read from the registry",
          (_run, _staged_record_in, _sign_key, _compression), _sign),
+        ("stage-rebuild", "CI's rebuild job, after `build --no-cache --fresh-base`: push this engine's image of each "
+         "cell under <tag>.staging-RUN.rebuild beside the staged one, signing nothing; exits 1, naming the first "
+         "differing layer, where it is another image", (_run, _rebuild_record_out), _stage_rebuild),
+        ("sign-rebuild", "CI, in a job that runs no build code and no image: where the run's rebuild in the registry "
+         "is exactly the staged image, sign a rebuild statement about each staged form with a rebuilder's own key",
+         (_run, _rebuild_record_in, _rebuild_key, _key, _compression), _sign_rebuild),
         ("gpu-test", "CI's GPU stage, on a runner with GPUs and the NVIDIA container toolkit: self-test each CUDA "
-         "cell's staged image with every GPU and attach the report to its digest, signing nothing",
-         (_run, _staged_record_out, _key, _compression), _gpu_test),
+         "cell's staged image with every GPU and keep the report for the sign job (or --attach it), signing nothing",
+         (_run, _staged_record_out, _attach, _key, _compression), _gpu_test),
         ("promote", "CI, once every job passed: gate on the registry alone, then point the versioned tags at the "
          "staged images and move the aliases", (_run, _staged_record_in, _key, _compression), _promote),
         ("prune", "on each cell's published images: delete the self-test reports of another image and each "
@@ -80,8 +86,8 @@ def _staged_record_out(verb: argparse.ArgumentParser) -> None:
         "--staged-record",
         type=Path,
         metavar="DIR",
-        help="write there what was staged or attached (<tag>.json, <tag>.gpu.json: the digest and the sha256 of "
-        "each document attached), for CI to carry to sign and promote as an artifact",
+        help="write there what was staged (<tag>.json: the digest and the sha256 of each document attached) or the "
+        "GPU report (<tag>.gpu-report.json), for CI to carry to the sign and promote jobs as an artifact",
     )
 
 
@@ -91,7 +97,48 @@ def _staged_record_in(verb: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="DIR",
         help="what stage and gpu-test wrote: promote moves only staging tags that still point at the digests "
-        "named there; sign signs only documents with the sha256 named there attached to that digest",
+        "named there; sign signs only documents with the sha256 named there attached to that digest, and the GPU "
+        "report kept there where it is about the staged image",
+    )
+
+
+def _rebuild_record_out(verb: argparse.ArgumentParser) -> None:
+    verb.add_argument(
+        "--staged-record",
+        type=Path,
+        metavar="DIR",
+        default=Path("rebuilt"),
+        help="write there which engine rebuilt each cell (<rebuild tag>.json), for sign-rebuild (default: rebuilt)",
+    )
+
+
+def _rebuild_record_in(verb: argparse.ArgumentParser) -> None:
+    verb.add_argument(
+        "--staged-record",
+        type=Path,
+        metavar="DIR",
+        default=Path("rebuilt"),
+        help="what stage-rebuild wrote: only the engine the statement names comes from there; the image IDs "
+        "compared come from the registry (default: rebuilt)",
+    )
+
+
+def _rebuild_key(verb: argparse.ArgumentParser) -> None:
+    verb.add_argument(
+        "--sign-key",
+        type=Path,
+        metavar="FILE",
+        help=f"a rebuilder's own private key (PEM), never the team's; default: the PEM in "
+        f"{provenance.REBUILD_KEY_ENVIRONMENT}",
+    )
+
+
+def _attach(verb: argparse.ArgumentParser) -> None:
+    verb.add_argument(
+        "--attach",
+        action="store_true",
+        help="attach the report to the staged digest here, unsigned (a team with no key; CI's GPU job holds no write "
+        "token and leaves it to the sign job)",
     )
 
 
@@ -128,7 +175,7 @@ def _setting(args: argparse.Namespace) -> tuple[Matrix, Callable[[str], None]]:
     """The matrix with --registry and --compression applied, and where lines go."""
     grid = grid_of(args)
     use_registry_option(grid, args)
-    if args.compression:
+    if getattr(args, "compression", None):  # the verbs that handle each compressed form take it
         chosen = grid.spec.publish.model_copy(update={"compression": args.compression})
         grid.spec = grid.spec.model_copy(update={"publish": chosen})
     return grid, lambda text: console.print(text)
@@ -164,11 +211,31 @@ def _sign(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stage_rebuild(args: argparse.Namespace) -> int:
+    grid, say = _setting(args)
+    publisher = Publisher(registry_of(grid, args), grid, say, daemon.client())
+    failures = rebuilds.stage_rebuild(publisher, cells_of(args, grid), args.run, args.staged_record)
+    return 0 if all(why is None for why in failures) else 1
+
+
+def _sign_rebuild(args: argparse.Namespace) -> int:
+    grid, say = _setting(args)
+    signer = provenance.load_signer(args.sign_key, provenance.REBUILD_KEY_ENVIRONMENT)
+    team = trust.trust_key(args.key, None)
+    note = trust.rebuilder_key_note(grid, signer, team) if signer is not None else None
+    if note:
+        console.print(note)
+    publisher = Publisher(registry_of(grid, args), grid, say, signer=signer, key=team)
+    for line in rebuilds.sign_rebuilds(publisher, cells_of(args, grid), args.run, args.staged_record):
+        console.print(line)
+    return 0
+
+
 def _gpu_test(args: argparse.Namespace) -> int:
     grid, say = _setting(args)
     staging.check_run(args.run)
     publisher = Publisher(registry_of(grid, args), grid, say, daemon.client(), key=trust.trust_key(args.key, None))
-    failures = staging.gpu_test(publisher, cells_of(args, grid), args.run, args.staged_record)
+    failures = staging.gpu_test(publisher, cells_of(args, grid), args.run, args.staged_record, args.attach)
     return 0 if all(why is None for why in failures) else 1
 
 

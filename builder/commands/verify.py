@@ -70,7 +70,9 @@ def run_rebuild(args: argparse.Namespace, reference: verify.Reference, registry:
     # --sign-key, else the environment's; refused before the build
     signer = provenance.load_signer(args.sign_key, provenance.REBUILD_KEY_ENVIRONMENT)
     if signer is not None:
-        _check_rebuilder_key(grid, signer, key)
+        note = trust.rebuilder_key_note(grid, signer, key)
+        if note:
+            print(note)
     with progress(f"{reference}: rebuilding") as report:
         options = rebuild.RebuildOptions(key, args.offline, args.backend)
         found = rebuild.rebuild(engine, registry, reference, grid, options, report)
@@ -81,7 +83,7 @@ def run_rebuild(args: argparse.Namespace, reference: verify.Reference, registry:
               f"(cell {found.cell}; the rebuilt image is {rebuild.REBUILD_REPOSITORY}:{found.cell})")  # fmt: skip
         if signer is not None:
             engine_name = rebuild.attest(registry, reference, found, engine, signer, args.backend)
-            print(f"signed and attached the rebuild on {engine_name} to {found.published.digest[:19]}")
+            print(printable(f"signed and attached the rebuild on {engine_name} to {found.published.digest[:19]}"))
         return 0
     layer = f"layer {found.differing_layer + 1}" if found.differing_layer is not None else "no layer"
     print(printable(f"rebuilt {reference}: differs: published image ID {found.published.image_id}, rebuilt "
@@ -89,18 +91,6 @@ def run_rebuild(args: argparse.Namespace, reference: verify.Reference, registry:
     for path in found.paths:
         print(printable(f"  {path}"))
     return 1
-
-
-def _check_rebuilder_key(grid: matrix.Matrix, signer: Any, team: Any) -> None:
-    """A rebuild is signed with a rebuilder's own key: the team's (the --key or TORCH_IMAGES_VERIFY_KEY
-    given) is refused; one that publish.rebuilders does not list is said, since promote will not count it."""
-    mine = signer.public_key.keyid
-    if team is not None and mine == team.keyid:
-        raise UserError(
-            "--sign-key is the team's key; a rebuild counts only under a rebuilder's own key (publish.rebuilders)"
-        )
-    if all(r.key.keyid != mine for r in trust.rebuilders(grid, team)):
-        print("note: the signing key is not in publish.rebuilders: promote will not count this rebuild until it is")
 
 
 def run(args: argparse.Namespace) -> int:

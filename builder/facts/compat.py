@@ -19,7 +19,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from builder import paths
+from builder import confined, paths
 from builder.config import platform as platforms
 from builder.facts import pypi
 
@@ -194,7 +194,7 @@ class TorchWheels:
             "unread": {index: urls for index, urls in sorted(self.unread.items()) if urls},
         }
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(document, indent=1, sort_keys=False) + "\n")
+        confined.write_text(path, json.dumps(document, indent=1, sort_keys=False) + "\n")
 
     def builds(self, index: str, public_version: str, platform: str = platforms.DEFAULT) -> list[TorchBuild]:
         return [
@@ -330,4 +330,4 @@ def save_trtllm(table: TrtllmTable, path: Path = TRTLLM) -> None:
         "releases": {v: asdict(table.releases[v]) for v in sorted(table.releases, key=Version)},
         "without_pins": sorted(table.without_pins, key=Version),
     }
-    path.write_text(json.dumps(document, indent=1) + "\n")
+    confined.write_text(path, json.dumps(document, indent=1) + "\n")

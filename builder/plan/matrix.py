@@ -70,6 +70,13 @@ class Matrix:
         group = [c for c in self.cells if c.tag == cell.tag]
         return sorted(group, key=lambda c: platforms.NAMES.index(c.platform))
 
+    def image_tag(self, cell: Cell, compression: str = "gzip") -> str:
+        """Where the cell's own image goes in the registry: its versioned tag when it is the tag's
+        only platform, else `<tag>-<arch>` (the versioned tag then names the index); the zstd
+        form's is `<tag>-zstd`. Matrix validation leaves room for both suffixes."""
+        tag = cell.tag + ("" if compression == "gzip" else f"-{compression}")
+        return f"{tag}-{cell.arch}" if len(self.platforms_of(cell)) > 1 else tag
+
     def sibling(self, cell: Cell, flavor: str) -> Cell | None:
         """The cell that differs from `cell` only in its flavor (the devel of a runtime, say)."""
 

@@ -121,7 +121,10 @@ class Door:
     def proven(self, subject: str, entries: list[dict[str, Any]], types: Iterable[str]) -> list[Attachment]:
         """Those of the listed entries that prove to be `subject`'s attachments of `types`."""
         wanted = tuple(types)
-        found = (self.prove(subject, str(entry.get("digest", "")), wanted) for entry in entries)
+        # A digest proves once, however often a listing (the referrers tag anyone who can push may
+        # rewrite) names it: one artifact is never two reports or two votes.
+        unique = dict.fromkeys(str(entry.get("digest", "")) for entry in entries)
+        found = (self.prove(subject, digest, wanted) for digest in unique)
         return [attachment for attachment in found if attachment is not None]
 
     def document(self, attachment: Attachment, limit: int) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
 from builder.progress import Report
 from builder.publish import tags
-from builder.publish.publication import Publication, tag_suffix
+from builder.publish.publication import Publication
 
 
 def is_multiarch(grid: Matrix, cell: Cell) -> bool:
@@ -27,16 +27,8 @@ def is_multiarch(grid: Matrix, cell: Cell) -> bool:
 
 
 def image_tag(grid: Matrix, cell: Cell, compression: str = "gzip") -> str:
-    """Where the cell's own image goes in the registry: its versioned tag when it is the tag's
-    only platform, else `<tag>-<arch>` (the versioned tag then names the index); the zstd form's
-    versioned tag is `<tag>-zstd`."""
-    tag = cell.tag + tag_suffix(compression)
-    # matrix validation leaves room for the platform and zstd suffixes: never cut
-    return (
-        tags.exact(f"{tag}-{cell.arch}", "the platform's tag", "shorten the tag template")
-        if is_multiarch(grid, cell)
-        else tag
-    )
+    """The cell's own image tag (Matrix.image_tag), held to the registries' limit: never cut."""
+    return tags.exact(grid.image_tag(cell, compression), "the platform's tag", "shorten the tag template")
 
 
 def check_complete(grid: Matrix, cells: Iterable[Cell], verb: str = "publish") -> None:

@@ -59,6 +59,8 @@ SELFTEST = "https://torch-images.invalid/selftest/v1"  # this project's predicat
 # A rebuild that gave the published image ID: SLSA's verification summary (a VSA), which policy
 # engines read, its policy this project's rebuild check.
 REBUILD = "https://slsa.dev/verification_summary/v1"
+# This project's predicate: the SOCI index publish made of the image (no standard type names one).
+SOCI_INDEX = "https://torch-images.invalid/soci-index/v1"
 REBUILD_POLICY = "https://torch-images.invalid/rebuild/v1"
 BUILD_TYPE = "https://torch-images.invalid/build/v1"
 PREDICATE_ANNOTATION = "io.torch-images.predicate-type"
@@ -108,14 +110,19 @@ def build_inputs(cell: Cell) -> dict[str, Path]:
     return inputs
 
 
-def provenance_statement(subject: Subject, cell: Cell, builder_version: str) -> dict[str, Any]:
-    """An in-toto statement with the SLSA v1 provenance predicate for the image."""
+def provenance_statement(
+    subject: Subject, cell: Cell, builder_version: str, built_on: str | None = None
+) -> dict[str, Any]:
+    """An in-toto statement with the SLSA v1 provenance predicate for the image; `built_on`, the
+    engine and backend of the first build as the job that built it recorded them."""
     provenance = provenance_pb2.Provenance()
     definition = provenance.build_definition
     definition.build_type = BUILD_TYPE
     matrix_entry = json.loads(cell.file("spec.json").read_text())  # the matrix entry, as rendered and committed
     definition.external_parameters.update({"cell": cell.name, "matrixEntry": matrix_entry})
     definition.internal_parameters.update({"buildId": subject.build_id, "imageId": subject.image_id})
+    if built_on:
+        definition.internal_parameters.update({"builtOn": built_on})
     definition.resolved_dependencies.extend(_file_descriptor(n, p) for n, p in build_inputs(cell).items())
     provenance.run_details.builder.id = BUILD_TYPE.removesuffix("/build/v1") + "/builder"
     provenance.run_details.builder.version["torch-images"] = builder_version
@@ -179,6 +186,19 @@ def rebuild_statement(subject: Subject, engine: str, builder_version: str, verif
         "buildId": subject.build_id,
     }  # fmt: skip
     return _statement(subject, REBUILD, predicate)
+
+
+def soci_index_statement(subject: Subject, index_digest: str) -> dict[str, Any]:
+    """That `index_digest` is the SOCI index publish made of this image: the one a later publish
+    keeps, where its key verifies this statement (another party's index never stands in)."""
+    return _statement(subject, SOCI_INDEX, {"index": {"mediaType": "application/vnd.oci.image.manifest.v1+json",
+                                                      "digest": index_digest}})  # fmt: skip
+
+
+def soci_index_named(predicate: dict[str, Any]) -> str | None:
+    index = predicate.get("index")
+    digest = index.get("digest") if isinstance(index, dict) else None
+    return digest if isinstance(digest, str) else None
 
 
 def rebuild_engine(predicate: dict[str, Any], image_id: str) -> str | None:

@@ -9,13 +9,17 @@ Of those, from each of a cell's published images (every form: gzip, zstd), it de
 
 - junk: attached as a report, proven, and not one;
 - a passing report of another image (its image ID is not the digest's config);
-- a device's passing report where a newer passing report of the same device is there, and the
-  newer one is at least as trusted: a report the team's key signed a statement about (checked
-  with `--key`; without a key, any statement naming it counts) is superseded only by a newer
-  report with a statement the key verifies;
+- a device's passing report where a strictly later passing report of the same device, with other
+  bytes, is there, and the later one is at least as trusted: a report a statement names (checked
+  with `--key`; without a key, any statement naming it counts) is superseded only by a later
+  report whose own bytes a statement the key verifies names;
 - the signed statements about what it deletes (the report itself, and the test result naming it
-  by digest), each itself proven to be this digest's, and their layers in cosign 2's `.att`
+  by digest), only together with the exact bytes they name and never while a report with those
+  bytes stays, each itself proven to be this digest's, and their layers in cosign 2's `.att`
   manifest.
+
+It decides on artifact digests and exact bytes, never on what a report says of itself: an
+artifact listed twice proves once, and a look-alike or byte-identical copy supersedes nothing.
 
 A failed report is never pruned, nor a statement about a failure: the gate keeps refusing its
 tags until someone decides the device was at fault and deletes that report by hand. The registry
@@ -90,14 +94,13 @@ def prune_digest(door: attachments.Door, tag: str, digest: str, image_id: str, k
     pruned = Pruned(tag, digest)
     listed = door.listed(digest, [reports.SELFTEST_TYPE])
     door.at_most(listed, MAX_ARTIFACTS, digest, "reports", "prune by hand, a few at a time")
-    proven = door.proven(digest, listed, [reports.SELFTEST_TYPE])
+    proven = door.proven(digest, listed, [reports.SELFTEST_TYPE])  # each artifact once, however often listed
     signed = door.signed(digest, image_id, key, MAX_ARTIFACTS)
     attached, statements = _reports(door, proven), [_statement(found) for found in signed]
     going = _stale(attached, image_id, statements, key is not None)
-    pruned.kept = len(listed) - len(going)
-    gone_documents = {a.document for a in going}
-    gone_identities = {_identity(a.report) for a in going if a.report is not None}
-    about_gone = [s for s in statements if _about_gone(s, image_id, gone_documents, gone_identities)]
+    staying = [a for a in attached if a not in going]
+    pruned.kept = len(staying)
+    about_gone = [s for s in statements if _goes_with(s, going, staying)]
     by_digest = {found.digest: found for found in [*proven, *(s.attachment for s in signed)]}
     deleted = [a.artifact for a in going] + [s.artifact for s in about_gone]
     door.delete(digest, [by_digest[artifact] for artifact in deleted], {s.envelope for s in about_gone})
@@ -128,46 +131,66 @@ def _statement(signed: attachments.Signed) -> _Statement:
 
 
 def _stale(attached: list[_Attached], image_id: str, statements: list[_Statement], keyed: bool) -> list[_Attached]:
-    """Junk (attached as a report, and none), passing reports of another image, and passes a
-    newer, at least as trusted pass of the same device supersedes. Never a failed report."""
+    """Junk (attached as a report, and none), passing reports of another image, and passes that a
+    strictly later pass of the same device, with other bytes, supersedes. A pass any statement
+    names (signed, as far as prune can tell) is superseded only, with the key, by one whose own
+    bytes a statement the key verified names. Decided on artifacts and bytes, never on what a
+    report says of itself: a look-alike, a byte-identical copy or an entry listed twice supersedes
+    nothing. Never a failed report."""
     going = [a for a in attached if a.report is None]
     reports_of = [(a, a.report) for a in attached if a.report is not None and a.report.get("status") == "pass"]
     going += [a for a, report in reports_of if report.get("image_id") != image_id]
-    signed = {_identity(s.predicate) for s in statements if s.predicate_type == provenance.SELFTEST}
-    verified = {_identity(s.predicate) for s in statements if s.predicate_type == provenance.SELFTEST and s.verified}
-    by_device: dict[str, list[tuple[_Attached, dict[str, Any]]]] = {}
+    named = {document for s in statements for document in _documents_named(s, attached)}
+    verified = {document for s in statements if s.verified for document in _documents_named(s, attached)}
     passes = [(a, r) for a, r in reports_of if a not in going and smoke.why_not_a_pass(r, image_id) is None]
-    for item, report in sorted(passes, key=lambda pair: (str(pair[1].get("time")), pair[0].artifact)):
-        by_device.setdefault(str(report.get("device")), []).append((item, report))
-    for items in by_device.values():
-        for index, (older, report) in enumerate(items):
-            newer = [r for _, r in items[index + 1 :]]
-            if _identity(report) in signed:  # superseded only by a pass the key verified
-                newer = [r for r in newer if keyed and _identity(r) in verified]
-            if newer:
-                going.append(older)
+    for older, report in passes:
+        newer = [
+            a for a, r in passes
+            if a.document != older.document and str(r.get("device")) == str(report.get("device"))
+            and str(r.get("time")) > str(report.get("time"))
+        ]  # fmt: skip
+        if older.document in named:  # signed: superseded only by a pass whose own bytes the key signed
+            newer = [a for a in newer if keyed and a.document in verified]
+        if newer:
+            going.append(older)
     return going
 
 
-def _about_gone(statement: _Statement, image_id: str, documents: set[str], identities: set[Any]) -> bool:
-    """Whether a statement is about a report that goes; never one about a failure."""
+def _documents_named(statement: _Statement, attached: list[_Attached]) -> set[str]:
+    """The sha256 of each attached report whose exact bytes the statement is about: the test
+    result names them by digest; the self-test statement carries the report itself."""
     predicate = statement.predicate
-    if statement.predicate_type == provenance.SELFTEST:
-        return predicate.get("status") == "pass" and (
-            predicate.get("image_id") != image_id or _identity(predicate) in identities
-        )
     if statement.predicate_type == provenance.TEST_RESULT:
         configuration = predicate.get("configuration")
         first = configuration[0] if isinstance(configuration, list) and configuration else {}
-        named = first.get("digest", {}).get("sha256") if isinstance(first, dict) else None
-        # a pass with warnings is WARNED; only FAILED is a failure, and that is never pruned
-        return predicate.get("result") in ("PASSED", "WARNED") and isinstance(named, str) and named in documents
-    return False
+        sha = first.get("digest", {}).get("sha256") if isinstance(first, dict) else None
+        return {sha} if isinstance(sha, str) and any(a.document == sha for a in attached) else set()
+    if statement.predicate_type == provenance.SELFTEST:
+        carried = reports.document_bytes(predicate)
+        return {a.document for a in attached if a.report is not None and _as_signed(a.report) == carried}
+    return set()
 
 
-def _identity(report: dict[str, Any]) -> tuple[str, str, str]:
-    """What tells one report from another: the image, the device and when it ran."""
-    return str(report.get("image_id")), str(report.get("device")), str(report.get("time"))
+_ANY = provenance.Subject("x", "sha256:" + "0" * 64, "sha256:" + "0" * 64, "")
+
+
+def _as_signed(report: dict[str, Any]) -> bytes:
+    """A report as a signed self-test statement carries it (its own encoding: no table, numbers
+    as floats), to compare with a statement read back."""
+    return reports.document_bytes(provenance.selftest_statement(_ANY, report)["predicate"])
+
+
+def _goes_with(statement: _Statement, going: list[_Attached], staying: list[_Attached]) -> bool:
+    """Whether a statement goes: only together with the exact report bytes it names, never while
+    a report with those bytes stays, and never one about a failure or anything but a report."""
+    if statement.predicate_type == provenance.TEST_RESULT and statement.predicate.get("result") not in (
+        "PASSED", "WARNED"  # a pass with warnings is WARNED; only FAILED is a failure, and that is never pruned
+    ):  # fmt: skip
+        return False
+    if statement.predicate_type == provenance.SELFTEST and statement.predicate.get("status") != "pass":
+        return False
+    named = _documents_named(statement, [*going, *staying])
+    return bool(named) and named <= {a.document for a in going} and not named & {a.document for a in staying}
 
 
 def _summary(cell: Cell, pruned: Pruned) -> str:

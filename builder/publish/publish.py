@@ -14,7 +14,6 @@ An image whose tags and aliases already point at its digest is left alone.
 from __future__ import annotations
 
 import contextlib
-import html
 import json
 import re
 import time
@@ -26,7 +25,7 @@ import docker
 import docker.errors
 from securesystemslib.signer import CryptoSigner
 
-from builder import jsonread, times
+from builder import confined, jsonread, times
 from builder.assemble import smoke
 from builder.assemble.build import BUILD_ID_LABEL, local_reference
 from builder.config import platform as platforms
@@ -42,6 +41,7 @@ from builder.progress import Report
 from builder.publish import attachments, multiarch, provenance, recompress, reports, sbom, soci
 from builder.publish.publication import Publication
 from builder.publish.publisher import Publisher, Records
+from builder.terminal import code_text, markdown_text
 
 TABLE_START, TABLE_END = "<!-- published-tags:start -->", "<!-- published-tags:end -->"
 
@@ -128,7 +128,6 @@ def push_image(publisher: Publisher, item: Publication) -> None:
     could have put this config over other layers there): the engine pushes, sending only the
     layers the registry lacks, and the manifest it pushes is the one signed."""
     engine, registry, grid, report = publisher.images, publisher.registry, publisher.grid, publisher.report
-    repository = f"{grid.spec.registry}/{grid.spec.repository}"
     tag = item.target
     current = registry.manifest(grid.spec.repository, tag)
     # The same config is the same image.
@@ -136,15 +135,24 @@ def push_image(publisher: Publisher, item: Publication) -> None:
         item.digest, item.unchanged = current.digest, True
         return
     in_engine = ids.engine_id(engine, item.image_id)
+    item.digest = push_engine_image(engine, registry, grid.spec.repository, in_engine, tag, report)
+    item.unchanged = current is not None and current.digest == item.digest
+
+
+def push_engine_image(
+    engine: docker.DockerClient, registry: Registry, name: str, in_engine: str, tag: str, report: Report
+) -> str:
+    """Push the engine's image `in_engine` under `tag` in the registry's repository `name`;
+    returns the digest the registry then serves under the tag (checked against what the engine
+    pushed)."""
+    repository = f"{registry.host}/{name}"
     if not ids.engine_names_by_config(engine.api.inspect_image(in_engine)):
         # The containerd image store pushes layers as they were loaded, uncompressed: the builder
         # compresses and uploads them itself.
         report(f"pushing {repository}:{tag} (gzip, compressed by the builder)")
-        manifest = recompress.push_gzip_form(engine, registry, grid.spec.repository, in_engine, report)
-        registry.put_manifest(grid.spec.repository, tag, manifest)
-        item.digest = manifest.digest
-        item.unchanged = current is not None and current.digest == manifest.digest
-        return
+        manifest = recompress.push_gzip_form(engine, registry, name, in_engine, report)
+        registry.put_manifest(name, tag, manifest)
+        return manifest.digest
     engine.images.get(in_engine).tag(repository, tag)
     found = registry.credentials
     auth = {"username": found.username, "password": found.password} if found else None
@@ -158,14 +166,13 @@ def push_image(publisher: Publisher, item: Publication) -> None:
             if "credentials" in error.message or attempt == 2:
                 raise
             report(f"push interrupted ({error.message}); retrying")
-    verified = registry.manifest(grid.spec.repository, tag)
+    verified = registry.manifest(name, tag)
     if verified is None or (pushed and verified.digest != pushed):
         raise UserError(
             f"{repository}:{tag}: the registry holds {verified.digest if verified else 'nothing'}, "
             f"the engine pushed {pushed}; aliases left where they were"
         )
-    item.digest = verified.digest
-    item.unchanged = current is not None and current.digest == verified.digest
+    return verified.digest
 
 
 def _config_digest(manifest: Manifest) -> str | None:
@@ -406,9 +413,20 @@ def attach_missing(publisher: Publisher, item: Publication) -> None:
         publisher.report(f"attaching {', '.join(missing)} to {item.target} ({item.digest[:19]})")
         _push_metadata(publisher, item, missing, documents)
         item.attached = missing
-    if publisher.grid.spec.publish.soci and item.compression == "gzip" and soci.attached(publisher.door, item) is None:
-        soci.attach_index(publisher.door, item.digest, soci.tools(publisher.images), publisher.report)
+    key = publisher.signer.public_key if publisher.signer else None
+    if (
+        publisher.grid.spec.publish.soci
+        and item.compression == "gzip"
+        and soci.attached(publisher.door, item, key) is None
+    ):
+        index = soci.attach_index(publisher.door, item.digest, soci.tools(publisher.images), publisher.report)
         item.attached = [*item.attached, "SOCI index"]
+        if publisher.signer is not None:  # what a later publish keeps: only an index the key names
+            about = provenance.Subject(f"{publisher.grid.spec.registry}/{publisher.repository}", item.digest,
+                                       item.image_id, item.build_id)  # fmt: skip
+            statement = provenance.soci_index_statement(about, index)
+            publisher.door.attach_statement(_subject(publisher, item), f"{item.target}.soci.att", statement,
+                                            publisher.signer)  # fmt: skip
 
 
 def finish(publisher: Publisher, items: list[Publication], records: Records | None = None) -> None:
@@ -447,36 +465,11 @@ def write_record(grid: Matrix, item: Publication, records_dir: Path) -> Path:
     }
     records_dir.mkdir(parents=True, exist_ok=True)
     path = records_dir / f"{item.record_name}.json"
-    path.write_text(json.dumps(record, indent=1) + "\n")
+    confined.write_text(path, json.dumps(record, indent=1) + "\n")
     return path
 
 
 # What can open emphasis, a link, an image, code or a cell, mention someone or name an issue.
-MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()|~!@#])")
-CODE_SAFE = re.compile(r"[A-Za-z0-9._:/@+-]{1,200}")  # a registry, repository, tag or platform, as validated
-MAX_CELL_TEXT = 120
-AUTOLINK = re.compile(r"//|www\.", re.IGNORECASE)
-ZERO_WIDTH_SPACE = "&#8203;"
-
-
-def markdown_text(value: object) -> str:
-    """A value from a record (and so from a report or a registry) as inert Markdown: HTML's
-    `<`, `>` and `&` as entities, Markdown's punctuation backslash-escaped, no line break, and at
-    most 120 characters. It can open no tag, link, code span or table cell, and cannot be the
-    table's end marker."""
-    text = " ".join(str(value).split())[:MAX_CELL_TEXT]
-    text = "".join(c if c.isprintable() else "?" for c in text)
-    escaped = MARKDOWN_SPECIAL.sub(r"\\\1", html.escape(text, quote=False))
-    # GitHub links a bare `https://...` or `www....` by itself: a zero-width space breaks both.
-    return AUTOLINK.sub(lambda found: found.group()[:-1] + ZERO_WIDTH_SPACE + found.group()[-1], escaped)
-
-
-def code_text(value: object) -> str:
-    """A name (tag, repository, platform) as a code span when it is plain name characters, else
-    as escaped text: a code span cannot be closed by a name without backticks."""
-    return f"`{value}`" if isinstance(value, str) and CODE_SAFE.fullmatch(value) else markdown_text(value)
-
-
 def _table_row(record: object) -> str | None:
     """One row of the published-tags table, or None for a record that is not what write_record writes."""
     if not isinstance(record, dict):
@@ -539,4 +532,4 @@ def update_readme_table(readme: Path, records_dir: Path) -> None:
     rows = ["| tag | platform | aliases | digest | self-test | GPU |", "|---|---|---|---|---|---|", *rows]
     text = readme.read_text()
     start, end = text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)
-    readme.write_text(text[:start] + "\n" + "\n".join(rows) + "\n" + text[end:])
+    confined.write_text(readme, text[:start] + "\n" + "\n".join(rows) + "\n" + text[end:])

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import gzip
 import re
+import tarfile
 import tempfile
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, cast
@@ -218,23 +220,36 @@ def compare_layers(
     ours = [str(d) for d in engine.images.get(local).attrs["RootFS"]["Layers"]]
     theirs = published.diff_ids
     index = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), None)
+    if index is None and len(theirs) > len(ours):  # a layer appended to the published image (docker commit)
+        index = len(ours)
+        found.notes.append(f"the published image has {len(theirs) - len(ours)} layer(s) more than the rebuild")
     if index is None:
         found.notes.append(f"the layers agree; the configs differ ({len(ours)} layers here, {len(theirs)} published)")
         return
     found.differing_layer = index
-    manifests.record_manifests(engine, local)
-    mine = manifests.layer_manifest(ours[index]) or []
-    descriptor = published.manifest.get("layers", [])[index]
-    media_type = str(descriptor.get("mediaType", "")) if isinstance(descriptor, dict) else ""
+    mine: list[list[Any]] = []
+    if index < len(ours):
+        manifests.record_manifests(engine, local)
+        mine = manifests.layer_manifest(ours[index]) or []
+    layers_listed = published.manifest.get("layers")
+    descriptor = layers_listed[index] if isinstance(layers_listed, list) and index < len(layers_listed) else None
+    if not isinstance(descriptor, dict):
+        found.notes.append(f"the published manifest lists no layer {index + 1}, which its config names")
+        return
+    media_type = str(descriptor.get("mediaType", ""))
     if "gzip" not in media_type and not media_type.endswith(".tar"):
         found.notes.append(f"the published layer is {media_type[:60]}: compare the gzip tag to see its paths")
         return
     with tempfile.TemporaryDirectory(prefix="torch-images-rebuild-") as scratch:
         blob = Path(scratch) / "layer"
         registry.download_blob(repository, str(descriptor.get("digest")), blob)
-        with blob.open("rb") as raw:
-            stream = gzip.GzipFile(fileobj=raw) if "gzip" in media_type else raw
-            published_rows = layers.file_manifest(cast(IO[bytes], stream))
+        try:
+            with blob.open("rb") as raw:
+                stream = gzip.GzipFile(fileobj=raw) if "gzip" in media_type else raw
+                published_rows = layers.file_manifest(cast(IO[bytes], stream))
+        except (OSError, EOFError, tarfile.TarError, zlib.error) as error:
+            found.notes.append(f"the published layer {index + 1} is not a {media_type[:60]} archive ({error})"[:200])
+            return
     found.paths = differing(published_rows, mine)
 
 

@@ -24,6 +24,7 @@ from builder.errors import UserError
 from builder.oci.registry import IMAGE_TYPES, Manifest, Registry
 from builder.plan.cell import Cell
 from builder.publish import existing, provenance, publish, reports, staging
+from builder.publish.publication import tag_suffix
 from builder.publish.publisher import Publisher
 
 # The kinds of document a run's jobs attach and record: the cell job's self-test report and SBOM,
@@ -31,10 +32,10 @@ from builder.publish.publisher import Publisher
 RECORDED_KINDS = {
     "selftest": reports.SELFTEST_TYPE,
     "sbom": publish.ARTIFACT_TYPES["sbom"],
-    "gpu-selftest": reports.SELFTEST_TYPE,
 }
 MAX_SBOM_BYTES = 32 << 20
 MAX_RECORD_BYTES = staging.STAGED_RECORD_BYTES
+MAX_BUILDER = 200  # characters of an engine's name in a record
 
 
 def recorded_documents(directory: Path, tag: str) -> dict[str, str]:
@@ -42,20 +43,30 @@ def recorded_documents(directory: Path, tag: str) -> dict[str, str]:
     found: dict[str, str] = {}
     if not (directory / f"{tag}.json").exists():
         raise UserError(f"--staged-record {directory}: no {tag}.json; give the folder `publish stage` wrote")
-    for name in (f"{tag}.json", f"{tag}.gpu.json"):
-        path = directory / name
-        if not path.exists() and not path.is_symlink():
-            continue
-        record = jsonread.loads(confined.read_bytes(path, MAX_RECORD_BYTES), str(path))
-        # A form staged from the registry (its build already published) attached nothing this run.
-        attached = record.get("attached", {}) if isinstance(record, dict) and record.get("tag") == tag else None
-        if not isinstance(attached, dict) or not all(
-            kind in RECORDED_KINDS and isinstance(digest, str) and Registry.is_digest(digest)
-            for kind, digest in attached.items()
-        ):
-            raise UserError(f"{path}: not a staged record of {tag}; write what `publish stage` and `gpu-test` wrote")
-        found.update(attached)
+    path = directory / f"{tag}.json"
+    record = jsonread.loads(confined.read_bytes(path, MAX_RECORD_BYTES), str(path))
+    # A form staged from the registry (its build already published) attached nothing this run.
+    attached = record.get("attached", {}) if isinstance(record, dict) and record.get("tag") == tag else None
+    if not isinstance(attached, dict) or not all(
+        kind in RECORDED_KINDS and isinstance(digest, str) and Registry.is_digest(digest)
+        for kind, digest in attached.items()
+    ):
+        raise UserError(f"{path}: not a staged record of {tag}; write what `publish stage` wrote")
+    found.update(attached)
     return found
+
+
+def recorded_builder(directory: Path, tag: str) -> str | None:
+    """The engine and backend the cell job's build recorded (`built_on` in `<tag>.json`): a name the
+    provenance carries as the job's word, never what decides; a malformed one is refused."""
+    path = directory / f"{tag}.json"
+    record = jsonread.loads(confined.read_bytes(path, MAX_RECORD_BYTES), str(path))
+    built_on = record.get("built_on") if isinstance(record, dict) else None
+    if built_on is None:
+        return None
+    if not isinstance(built_on, str) or not 0 < len(built_on) <= MAX_BUILDER or not built_on.isprintable():
+        raise UserError(f"{path}: its built_on is not an engine's name; write what `publish stage` wrote")
+    return built_on
 
 
 def sign(publisher: Publisher, cells: list[Cell], run: str, staged_record: Path) -> list[str]:
@@ -69,8 +80,7 @@ def sign(publisher: Publisher, cells: list[Cell], run: str, staged_record: Path)
     said = []
     for cell in cells:
         for compression in publish.compressions(publisher.grid):
-            said.append(_sign_form(publisher, cell, staging.staging_tag(publisher.grid, cell, run, compression),
-                                   staged_record))  # fmt: skip
+            said.append(_sign_form(publisher, cell, run, compression, staged_record))
     return said
 
 
@@ -81,8 +91,9 @@ def _staged_image(publisher: Publisher, cell: Cell, tag: str) -> tuple[Manifest,
     return manifest, str(json.loads(manifest.body)["config"]["digest"])
 
 
-def _sign_form(publisher: Publisher, cell: Cell, tag: str, staged_record: Path) -> str:
+def _sign_form(publisher: Publisher, cell: Cell, run: str, compression: str, staged_record: Path) -> str:
     grid, door, signer = publisher.grid, publisher.door, publisher.signer
+    tag = staging.staging_tag(grid, cell, run, compression)
     assert signer is not None
     manifest, image_id = _staged_image(publisher, cell, tag)
     build_id = existing.published_build_id(publisher.registry, publisher.repository, manifest.digest) or ""
@@ -94,7 +105,8 @@ def _sign_form(publisher: Publisher, cell: Cell, tag: str, staged_record: Path) 
     }
     signed = []
     if provenance.PROVENANCE not in have:
-        statement = provenance.provenance_statement(about, cell, provenance.builder_version())
+        built_on = recorded_builder(staged_record, tag)
+        statement = provenance.provenance_statement(about, cell, provenance.builder_version(), built_on)
         door.attach_statement(manifest, f"{tag}.provenance", statement, signer)
         signed.append("provenance")
     for kind, digest in sorted(recorded_documents(staged_record, tag).items()):
@@ -110,7 +122,29 @@ def _sign_form(publisher: Publisher, cell: Cell, tag: str, staged_record: Path) 
             continue
         door.attach_signed_report(manifest, tag, about, document, signer)
         signed.append(f"{smoke.report_kind(document)} self-test ({document.get('status')})")
+    gpu_report = staging.read_gpu_report(staged_record, tag)
+    if gpu_report is not None and _as_signed(gpu_report, about) not in reports_signed:  # not a rerun
+        target = cell.tag + tag_suffix(compression)
+        signed.append(_sign_gpu_report(publisher, manifest, tag, target, about, gpu_report))
     return f"{cell.name}: signed {', '.join(signed) or 'nothing new'} for {tag} ({manifest.digest[:19]})"
+
+
+def _sign_gpu_report(
+    publisher: Publisher,
+    manifest: Manifest,
+    tag: str,
+    target: str,
+    about: provenance.Subject,
+    report: dict[str, Any],
+) -> str:
+    """Attach the GPU stage's report to the staged digest and sign it, where it is about exactly
+    the staged image (the GPU runner holds no write token and no key: this job attaches it)."""
+    if report.get("image_id") != about.image_id:
+        raise UserError(f"{tag}: the GPU stage's report is for another image than the staged one; nothing more signed")
+    publisher.door.attach_report(manifest, tag, report, about.build_id, target)
+    assert publisher.signer is not None
+    publisher.door.attach_signed_report(manifest, tag, about, report, publisher.signer)
+    return f"GPU self-test on {str(report.get('device'))[:60]} ({report.get('status')})"
 
 
 def _as_signed(report: dict[str, Any], about: provenance.Subject) -> bytes:

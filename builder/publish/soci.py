@@ -29,13 +29,14 @@ from pathlib import Path
 from typing import Any
 
 import docker
+from securesystemslib.signer import SSlibKey
 
 from builder import jsonread
 from builder.engine import privilege
 from builder.errors import UserError
 from builder.oci.registry import DIGEST, EMPTY_CONFIG, IMAGE_TYPES, OCI_MANIFEST, Manifest, Registry, sha256_digest
 from builder.progress import Report
-from builder.publish import attachments
+from builder.publish import attachments, provenance
 from builder.publish.publication import Publication
 from builder.wheelhouse import tools as pinned_tools
 
@@ -121,19 +122,30 @@ def containerd_socket(engine: docker.DockerClient) -> str:
 MAX_LISTED_INDEXES = 16  # indexes read to find one of this image; more is someone's flood
 
 
-def attached(door: attachments.Door, item: Publication) -> str | None:
-    """The digest of a SOCI index attached to the image's digest that proves to be one of this
-    image (check_index: SOCI's config, this image as its subject, each zTOC naming one of its
-    layers and present in the repository), if any. Another party's index of another shape, or
-    of another image, is not taken for it: publish then makes and attaches the image's own."""
+def attached(door: attachments.Door, item: Publication, key: SSlibKey | None) -> str | None:
+    """The digest of a SOCI index attached to the image's digest that the team's `key` signed a
+    statement naming (publish made it) and that still proves to be one of this image (check_index:
+    SOCI's config, this image as its subject, each zTOC naming one of its layers and present in
+    the repository), if any. Without a key none is kept: another party's well-formed index would
+    stand in for the team's, so publish makes the image's own (the same bytes again: a put of the
+    same digest adds nothing)."""
+    if key is None:
+        return None
     registry, repository = door.registry, door.repository
     image = registry.manifest(repository, item.digest)
     if image is None:
         return None
+    signed = {
+        provenance.soci_index_named(found.predicate)
+        for found in door.signed(item.digest, item.image_id, key, provenance.MAX_VERIFIED)
+        if found.predicate_type == provenance.SOCI_INDEX
+    }
     # An index is an image manifest with a config of its own (not one document), so check_index,
     # not the door's one-document proof, proves it this image's.
     for entry in door.listed(item.digest, [INDEX_TYPE])[:MAX_LISTED_INDEXES]:
         digest = str(entry.get("digest", ""))
+        if digest not in signed:
+            continue
         index = registry.manifest(repository, digest) if DIGEST.fullmatch(digest) else None
         if index is None or index.media_type != OCI_MANIFEST:
             continue

@@ -30,7 +30,7 @@ from builder.errors import UserError
 from builder.oci.registry import IMAGE_TYPES, Registry
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
-from builder.publish import existing, multiarch, provenance, publish, reports, tags, trust
+from builder.publish import existing, multiarch, publish, reports, tags, trust
 from builder.publish.publication import Publication, tag_suffix
 from builder.publish.publish import ARTIFACT_TYPES
 from builder.publish.publisher import Publisher, Records
@@ -57,6 +57,9 @@ def write_staged(publisher: Publisher, run: str, items: list[Publication], direc
     for item in items:
         tag = staging_tag(publisher.grid, item.cell, run, item.compression)
         record: dict[str, Any] = {"tag": tag, "digest": item.digest, "cell": item.cell.name}
+        built_on = build.built_by(item.image_id)  # the engine and backend this machine's build recorded
+        if built_on:
+            record["built_on"] = built_on
         if item.report and publisher.images is not None:  # staged from this engine's image, not the registry's
             documents = publish.made_documents(publisher.images, item)
             record["attached"] = {
@@ -156,20 +159,18 @@ def _stage_published(publisher: Publisher, cell: Cell, run: str, compression: st
     )  # fmt: skip
 
 
-def gpu_test(publisher: Publisher, cells: list[Cell], run: str, staged_record: Path | None = None) -> list[str | None]:
-    """CI's GPU stage, on a runner with GPUs: pull each CUDA cell's staged image by digest, run
-    its self-test with every GPU (host checks included), and attach the report to that digest
-    beside the ones already there, whatever it says (promote reads them all), and, with
-    `staged_record`, record the sha256 of each report it attached (`<tag>.gpu.json`, for the sign
-    job). Returns, per cell, None for a GPU pass, else why not."""
-    engine, registry, grid, report, key = (
-        publisher.images,
-        publisher.registry,
-        publisher.grid,
-        publisher.report,
-        publisher.key,
-    )
+def gpu_test(
+    publisher: Publisher, cells: list[Cell], run: str, staged_record: Path | None = None, attach: bool = False
+) -> list[str | None]:
+    """CI's GPU stage, on a runner with GPUs: pull each CUDA cell's staged image by digest and run
+    its self-test with every GPU (host checks included). The report, whatever it says, goes to
+    `staged_record` (`<tag>.gpu-report.json` per staged form) for the sign job, which attaches and
+    signs it running no image; with `attach`, this job attaches it itself, unsigned (a team with
+    no key). Returns, per cell, None for a GPU pass, else why not."""
+    engine, grid, report, key = publisher.images, publisher.grid, publisher.report, publisher.key
     check_run(run)
+    if staged_record is None and not attach:
+        raise UserError("gpu-test keeps its report for the sign job (--staged-record DIR) or attaches it (--attach)")
     cpu = [cell.name for cell in cells if not cell.is_cuda]
     if cpu:
         raise UserError(f"{', '.join(cpu)}: a CPU image has no GPU stage; name CUDA cells")
@@ -180,16 +181,13 @@ def gpu_test(publisher: Publisher, cells: list[Cell], run: str, staged_record: P
         )
     results: list[str | None] = []
     for cell in cells:
-        repository, tag = grid.spec.repository, staging_tag(grid, cell, run)
-        manifest = registry.manifest(repository, tag)
-        if manifest is None or manifest.media_type not in IMAGE_TYPES:
-            raise UserError(f"{cell.name}: {tag} is not one image in {grid.spec.registry}; stage it first")
-        image_id = json.loads(manifest.body)["config"]["digest"]
+        forms = staged_forms(publisher, cell, run)
+        manifest, image_id = forms[0][1], forms[0][2]
         if key is not None:  # a GPU report signed for an image someone swapped in would vouch for it
             evidence = trust.signed_evidence(publisher.door, manifest, image_id, cell, key)
             if evidence.provenance_problem is not None:
-                raise UserError(f"{cell.name}: {tag} ({manifest.digest[:19]}): {evidence.provenance_problem}; "
-                                "not tested, nothing attached")  # fmt: skip
+                raise UserError(f"{cell.name}: {forms[0][0]} ({manifest.digest[:19]}): "
+                                f"{evidence.provenance_problem}; not tested, nothing attached")  # fmt: skip
             # A digest a merge did not change already carries the key's passing GPU report: testing
             # it again would only add one more report per run, up to the cap the gates refuse past.
             passed_on = [r for r in evidence.reports if smoke.why_not_a_gpu_pass(r, image_id) is None]
@@ -198,62 +196,82 @@ def gpu_test(publisher: Publisher, cells: list[Cell], run: str, staged_record: P
                        f"({passed_on[0].get('device')}); not tested again")  # fmt: skip
                 results.append(None)
                 continue
-        reference = f"{grid.spec.registry}/{repository}@{manifest.digest}"
-        report(f"{cell.name}: pulling {reference}")
-        found = registry.credentials
-        auth = {"username": found.username, "password": found.password} if found else None
-        try:
-            engine.images.pull(f"{grid.spec.registry}/{repository}", tag=manifest.digest, auth_config=auth)
-            pulled = engine.images.get(reference)
-        except docker.errors.APIError as error:
-            raise UserError(
-                f"{cell.name}: the engine could not pull {reference}: {error.explanation or error}"
-            ) from None
-        pulled_id = ids.config_digest(engine, reference)
-        if pulled_id != image_id:
-            raise UserError(f"{cell.name}: {reference} pulled as image {pulled_id[7:19]}, staged as {image_id[7:19]}")
-        result = smoke.run(engine, reference, gpus=True)
-        build_id = (pulled.labels or {}).get(BUILD_ID_LABEL, "")
-        attached = attach_gpu_report(publisher, cell, run, image_id, build_id, result.report)
+        result, build_id = _test_on_gpus(publisher, cell, manifest, image_id)
         if staged_record is not None:
-            for compression, digest in zip(publish.compressions(grid), attached, strict=True):
-                write_gpu_record(staged_record, staging_tag(grid, cell, run, compression), digest, result.report)
-        why = smoke.why_not_a_gpu_pass(result.report, image_id)
+            for tag, form, _ in forms:
+                write_gpu_report(staged_record, tag, form.digest, result)
+        if attach:
+            for (tag, form, _), compression in zip(forms, publish.compressions(grid), strict=True):
+                publisher.door.attach_report(form, tag, result, build_id, cell.tag + tag_suffix(compression))
+        why = smoke.why_not_a_gpu_pass(result, image_id)
         verdict = "pass" if why is None else f"not a pass: {why}"
-        report(f"{cell.name}: GPU self-test {verdict}, attached to {', '.join(d[:19] for d in attached)}")
+        where = "attached to " + ", ".join(f[1].digest[:19] for f in forms) if attach else f"kept in {staged_record}"
+        report(f"{cell.name}: GPU self-test {verdict}, {where}")
         results.append(why)
     return results
 
 
-def write_gpu_record(directory: Path, tag: str, digest: str, report: dict[str, Any]) -> Path:
-    """The GPU stage's record of the report it attached to one staged form (`<tag>.gpu.json`)."""
+def staged_forms(publisher: Publisher, cell: Cell, run: str) -> list[tuple[str, Any, str]]:
+    """(staging tag, manifest, image ID) of each staged form of the cell (gzip first, and zstd where
+    the matrix asks), each read from the registry, all of one image ID."""
+    registry, grid = publisher.registry, publisher.grid
+    forms: list[tuple[str, Any, str]] = []
+    for compression in publish.compressions(grid):
+        tag = staging_tag(grid, cell, run, compression)
+        manifest = registry.manifest(grid.spec.repository, tag)
+        if manifest is None or manifest.media_type not in IMAGE_TYPES:
+            raise UserError(f"{cell.name}: {tag} is not one image in {grid.spec.registry}; stage it first")
+        image_id = json.loads(manifest.body)["config"]["digest"]
+        if forms and image_id != forms[0][2]:
+            raise UserError(f"{cell.name}: {tag} is not image {forms[0][2][7:19]}, as {forms[0][0]} is; nothing tested")
+        forms.append((tag, manifest, image_id))
+    return forms
+
+
+def _test_on_gpus(publisher: Publisher, cell: Cell, manifest: Any, image_id: str) -> tuple[dict[str, Any], str]:
+    """Pull the staged image by digest, check it is `image_id`, self-test it with every GPU;
+    returns the report and the image's build ID label."""
+    engine, registry, grid = publisher.images, publisher.registry, publisher.grid
+    repository = grid.spec.repository
+    reference = f"{grid.spec.registry}/{repository}@{manifest.digest}"
+    publisher.report(f"{cell.name}: pulling {reference}")
+    found = registry.credentials
+    auth = {"username": found.username, "password": found.password} if found else None
+    try:
+        engine.images.pull(f"{grid.spec.registry}/{repository}", tag=manifest.digest, auth_config=auth)
+        pulled = engine.images.get(reference)
+    except docker.errors.APIError as error:
+        raise UserError(f"{cell.name}: the engine could not pull {reference}: {error.explanation or error}") from None
+    pulled_id = ids.config_digest(engine, reference)
+    if pulled_id != image_id:
+        raise UserError(f"{cell.name}: {reference} pulled as image {pulled_id[7:19]}, staged as {image_id[7:19]}")
+    result = smoke.run(engine, reference, gpus=True)
+    return result.report, str((pulled.labels or {}).get(BUILD_ID_LABEL, ""))
+
+
+GPU_REPORT_RECORD_BYTES = smoke.MAX_REPORT_BYTES + (4 << 10)
+
+
+def write_gpu_report(directory: Path, tag: str, digest: str, report: dict[str, Any]) -> Path:
+    """The GPU stage's report for one staged form (`<tag>.gpu-report.json`), for the sign job."""
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{tag}.gpu.json"
-    attached = {"gpu-selftest": "sha256:" + hashlib.sha256(reports.document_bytes(report)).hexdigest()}
-    confined.write_text(path, json.dumps({"tag": tag, "digest": digest, "attached": attached}, sort_keys=True) + "\n")
+    path = directory / f"{tag}.gpu-report.json"
+    confined.write_text(path, json.dumps({"tag": tag, "digest": digest, "report": report}, sort_keys=True) + "\n")
     return path
 
 
-def attach_gpu_report(
-    publisher: Publisher, cell: Cell, run: str, image_id: str, build_id: str, result: dict[str, Any]
-) -> list[str]:
-    """The GPU stage's report attached to each staged form of the image (gzip, and zstd where the
-    matrix asks): one image ID, so one report proves both. Returns the digests it went to."""
-    registry, grid, door, signer = publisher.registry, publisher.grid, publisher.door, publisher.signer
-    repository, attached = grid.spec.repository, []
-    for compression in publish.compressions(grid):
-        tag = staging_tag(grid, cell, run, compression)
-        manifest = registry.manifest(repository, tag)
-        if manifest is None or manifest.media_type not in IMAGE_TYPES:
-            raise UserError(f"{cell.name}: {tag} is not one image in {grid.spec.registry}; stage it first")
-        if json.loads(manifest.body)["config"]["digest"] != image_id:
-            raise UserError(f"{cell.name}: {tag} is not image {image_id[7:19]}, which was tested; nothing attached")
-        door.attach_report(manifest, tag, result, build_id, cell.tag + tag_suffix(compression))
-        if signer is not None:
-            about = provenance.Subject(f"{grid.spec.registry}/{repository}", manifest.digest, image_id, build_id)
-            door.attach_signed_report(manifest, tag, about, result, signer)
-        attached.append(manifest.digest)
-    return attached
+def read_gpu_report(directory: Path, tag: str) -> dict[str, Any] | None:
+    """The GPU report the GPU stage kept for `tag`, or None where it kept none; a record that is
+    not the GPU stage's is refused in one line. What it says is the GPU runner's word: the sign
+    job checks it is about the staged image before it signs it."""
+    path = directory / f"{tag}.gpu-report.json"
+    if not path.exists() and not path.is_symlink():
+        return None
+    record = jsonread.loads(confined.read_bytes(path, GPU_REPORT_RECORD_BYTES), str(path))
+    report = record.get("report") if isinstance(record, dict) and record.get("tag") == tag else None
+    if not isinstance(report, dict) or smoke.report_kind(report) != "gpu":
+        raise UserError(f"{path}: not a GPU report of {tag}; write what `publish gpu-test --staged-record` wrote")
+    return report
 
 
 def gate_in_registry(

@@ -75,6 +75,18 @@ def rebuilders(grid: Matrix, team: SSlibKey | None) -> list[Rebuilder]:
     return found
 
 
+def rebuilder_key_note(grid: Matrix, signer: CryptoSigner, team: SSlibKey | None) -> str | None:
+    """A rebuild is signed with a rebuilder's own key: the team's is refused; one that
+    publish.rebuilders does not list gets a note (promote will not count it), else None."""
+    mine = signer.public_key.keyid
+    if team is not None and mine == team.keyid:
+        raise UserError("the signing key is the team's; a rebuild counts only under a rebuilder's own key "
+                        "(publish.rebuilders)")  # fmt: skip
+    if all(r.key.keyid != mine for r in rebuilders(grid, team)):
+        return "note: the signing key is not in publish.rebuilders: promote will not count this rebuild until it is"
+    return None
+
+
 def agreeing_rebuilds(door: attachments.Door, digest: str, image_id: str, quorum: list[Rebuilder]) -> dict[str, str]:
     """Rebuilder name -> the builder its signed rebuild names, for each rebuilder whose own key
     signed a rebuild of exactly this digest that gave `image_id`. One key counts once, however

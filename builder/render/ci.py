@@ -73,7 +73,9 @@ def workflow(grid: Matrix, system: str, registry: str | None = None, names: list
         **files,
         "target": target(grid, system, registry),
         "repository": grid.spec.repository,
-        "jobs": [{"cell": cell.name, "runner": RUNNERS[cell.platform]} for cell in chosen],
+        "jobs": [
+            {"cell": cell.name, "runner": RUNNERS[cell.platform], "tags": _image_tags(grid, cell)} for cell in chosen
+        ],
         "left_out": [c.name for c in not_jobs],
         "gpu_jobs": gpu_jobs(grid, chosen),
         "by_arch": by_arch,
@@ -121,8 +123,14 @@ def _promote_needs(grid: Matrix, chosen: list[Cell]) -> list[str]:
     if grid.spec.ci.github_attestations:
         needs.append("attest")
     if grid.spec.ci.rebuild_check:
-        needs.append("rebuild")
+        needs.append("sign-rebuild")
     return needs
+
+
+def _image_tags(grid: Matrix, cell: Cell) -> dict[str, str]:
+    """The cell's image tag in each form it is staged in (the staging tags add `.staging-<run>`)."""
+    forms = ["gzip", "zstd"] if grid.spec.publish.compression == "zstd" else ["gzip"]
+    return {form: grid.image_tag(cell, form) for form in forms}
 
 
 def pinned_actions() -> dict[str, str]:

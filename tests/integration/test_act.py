@@ -7,10 +7,11 @@ minutes, and the actions at their pinned commits must be laid out first:
 
 act evaluates what the hosted-runner test (test_ci_runner.py) cannot: the expressions, `needs`,
 matrices, job permissions, the artifacts that carry the staged records from the cell job to the
-sign and promote jobs, the cache, secrets and variables. Run 1: the rebuild job's step replaced by
-one that signs, with the rebuilder's key, a rebuild naming another image ID: promote refuses and
-no versioned tag exists. Run 2, the workflow as emitted: cell, sign, rebuild (BuildKit, the base
-bootstrapped again), promote; the tag moves to the staged digest.
+sign and promote jobs, the cache, secrets and variables. Run 1: the rebuild job's push replaced by
+one that pushes another image under the run's rebuild tag (as a nondeterministic or tampered
+build would): sign-rebuild, holding the rebuilder's key and building nothing, refuses to sign,
+and no versioned tag exists. Run 2, the workflow as emitted: cell, sign, rebuild (BuildKit, the
+base bootstrapped again, no key), sign-rebuild, promote; the tag moves to the staged digest.
 
 Deviation from the pinned bytes, the only one (harness/act_actions.py): upload-artifact's bundle
 is built with @actions/artifact 6.2.1 (the lock's 6.2.0 is no longer served) without `mime_type`,
@@ -55,7 +56,7 @@ CELL = "2.13.0-cpu-bookworm-runtime"
 ACT = shutil.which("act") or str(Path(sys.executable).parent / "act")
 ACTIONS_ENVIRONMENT = "TORCH_IMAGES_ACT_ACTIONS"
 REBUILDER_KEY = "rebuilders/ci-rebuild.pub"
-STAND_IN = ".nox/builder/bin/python tests/support/act_rebuild_disagrees.py"
+STAND_IN = f".nox/builder/bin/python tests/support/act_rebuild_disagrees.py {CELL}"
 
 
 def _actions_folder() -> Path:
@@ -139,11 +140,12 @@ def _workflow(checkout: Path, registry: str, disagree: bool) -> Path:
             if "sudo rm -rf /usr/share/dotnet" in step.get("run", ""):
                 step["run"] = "df -h /  # the hosted runner's clean-up is not run on this machine"
     if disagree:
-        [step] = [s for s in workflow["jobs"]["rebuild"]["steps"] if "--rebuild" in s.get("run", "")]
+        [step] = [s for s in workflow["jobs"]["rebuild"]["steps"] if "stage-rebuild" in s.get("run", "")]
         step["run"] = STAND_IN
-        step["env"].update(
-            {"REGISTRY_USER": "${{ secrets.REGISTRY_USER }}", "REGISTRY_PASSWORD": "${{ secrets.REGISTRY_PASSWORD }}"}
-        )
+        step["env"] = {
+            "REGISTRY_USER": "${{ secrets.REGISTRY_USER }}",
+            "REGISTRY_PASSWORD": "${{ secrets.REGISTRY_PASSWORD }}",
+        }
     # YAML 1.1 reads the key `on` as true: written back as GitHub spells it
     text = re.sub(r"^true:", "on:", yaml.safe_dump(workflow, sort_keys=False, width=1000), flags=re.MULTILINE)
     path = checkout / ".github" / "workflows" / "torch-images.yml"
@@ -224,15 +226,16 @@ def test_the_emitted_workflow_runs_under_act_and_the_tag_moves_only_when_the_reb
     workflow = _workflow(checkout, running.host, True)
     status, log = _run_act(checkout, workflow, actions_folder, tmp_path, context, tmp_path / "run-1.log")
     assert status != 0, log[-4000:]
-    assert "signed a rebuild of" in log and "names image sha256:dddddddddddd" in log, log[-4000:]
-    assert "publish.require_rebuilds is 1" in log and "from 0 rebuilder key(s)" in log, log[-4000:]
-    assert api.manifest("torch", cell.tag) is None  # promote refused: no versioned tag
+    assert "an image that is not the staged one" in log, log[-4000:]
+    assert "they disagree; nothing signed" in log, log[-4000:]  # sign-rebuild, from the registry alone
+    assert not _succeeded(log, f"Sign the rebuild of {CELL}")
+    assert api.manifest("torch", cell.tag) is None  # promote never ran: no versioned tag
     assert any(".staging-" in t for t in _tags(running.host)), "the cell job staged nothing"
 
     workflow = _workflow(checkout, running.host, False)
     status, log = _run_act(checkout, workflow, actions_folder, tmp_path, context, tmp_path / "run-2.log")
     assert status == 0, log[-6000:]
-    for job in (CELL, f"Sign {CELL}", f"Rebuild {CELL}", "promote"):  # act labels a job by its name
+    for job in (CELL, f"Sign {CELL}", f"Rebuild {CELL}", f"Sign the rebuild of {CELL}", "promote"):  # by name
         assert _succeeded(log, job), job
     promoted = api.manifest("torch", cell.tag)
     assert promoted is not None

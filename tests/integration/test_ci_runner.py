@@ -7,9 +7,10 @@ image store, harness/docker29.py, its data root fresh and its CLI on the user's 
 a host without mmdebstrap: the cell job installs what it needs, bootstraps, builds, self-tests and stages into
 a loopback registry with credentials from `docker login` (given only after the build), unsigned;
 the sign job, with the key its secret holds, signs what the registry holds for that staging tag;
-with `ci.rebuild_check` on in the checkout's matrix, the rebuild job builds the staged image again
-with BuildKit on the same engine, without cache, and signs with its own rebuilder key (listed in
-publish.rebuilders) that it gave the staged image's ID;
+with `ci.rebuild_check` on in the checkout's matrix, the rebuild job builds the cell again with
+BuildKit on the same engine, without cache and with no key, and pushes it beside the staged one;
+the sign-rebuild job signs with its own rebuilder key (listed in publish.rebuilders) that the
+registry's rebuild is the staged image's ID;
 the promote job then promotes from the registry alone, waiting for that signed rebuild, and
 `verify --key` finds the SBOM, the report, the signed attestations and the rebuild on the digest.
 
@@ -146,14 +147,14 @@ def test_the_emitted_github_workflow_runs_as_a_hosted_runner_from_install_to_pro
         monkeypatch.chdir(REPO)  # the runner's workspace goes with the runner
     grid = matrix.load_matrix(REPO / "matrix.yaml")
     cell = grid.cell(CELL)
-    assert list(workflow["jobs"]) == ["cell", "sign", "rebuild", "promote"]  # a CPU cell: no GPU stage
-    assert workflow["jobs"]["promote"]["needs"] == ["sign", "rebuild"]
+    assert list(workflow["jobs"]) == ["cell", "sign", "rebuild", "sign-rebuild", "promote"]  # a CPU cell: no GPU
+    assert workflow["jobs"]["promote"]["needs"] == ["sign", "sign-rebuild"]
     runner.env.update({**workflow["env"], "GITHUB_REPOSITORY_OWNER": "Acme"})
     signing_key = ed25519.Ed25519PrivateKey.generate()
     pem, _ = _pem(signing_key)
     context = {
         "secrets.TORCH_IMAGES_SIGNING_KEY": pem,
-        "secrets.TORCH_IMAGES_REBUILD_KEY": rebuilder_private,  # the rebuild job's own, not the team's
+        "secrets.TORCH_IMAGES_REBUILD_KEY": rebuilder_private,  # sign-rebuild's own, not the team's
         "matrix.cell": CELL,
         "matrix.runner": "ubuntu-24.04",
         "github.run_id": RUN_ID,
@@ -180,6 +181,7 @@ def test_the_emitted_github_workflow_runs_as_a_hosted_runner_from_install_to_pro
         not_tried = _run_job(workflow["jobs"]["cell"], runner, context, log)
         not_tried += _run_job(workflow["jobs"]["sign"], runner, context, log)
         not_tried += _run_job(workflow["jobs"]["rebuild"], runner, context, log)
+        not_tried += _run_job(workflow["jobs"]["sign-rebuild"], runner, context, log)
         not_tried += _run_job(workflow["jobs"]["promote"], runner, context, log)
         assert _mmdebstrap_in_view(runner)  # the job installed it, through sudo
     finally:
@@ -218,7 +220,8 @@ def test_the_emitted_github_workflow_runs_as_a_hosted_runner_from_install_to_pro
     assert "installed mmdebstrap with sudo apt-get" in steps
     assert "bootstrapping debian bookworm (amd64) from its" in steps  # as root, through sudo
     assert f"{CELL}: built, recorded ID" in steps and "self-test pass" in steps
-    assert f"the same image ID {image_id}" in steps  # the rebuild job's BuildKit build agreed
+    assert f"rebuilt image {image_id[7:19]} is the staged one" in steps  # the rebuild job's BuildKit build agreed
+    assert f"the rebuild gave image {image_id[7:19]}; gzip signed" in steps  # sign-rebuild, from the registry
 
 
 def _run_job(

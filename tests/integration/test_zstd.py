@@ -16,7 +16,7 @@ from securesystemslib.signer import CryptoSigner
 from builder.assemble import build, smoke
 from builder.errors import UserError
 from builder.plan.matrix import Matrix
-from builder.publish import publish, recompress, staging
+from builder.publish import publish, recompress, signing, staging
 from builder.publish.publisher import Publisher, Records
 from harness import containerd
 from tests.integration.conftest import BuiltCell, RunningRegistry
@@ -203,13 +203,22 @@ def test_ci_stages_and_promotes_both_forms_and_the_gpu_stage_attaches_to_both(
     assert zstd_staged is not None and recompress.is_zstd_form(zstd_staged, built.image_id)
     assert api.manifest("torch", f"{built.cell.tag}-zstd") is None  # staging moves no versioned tag
 
-    # What the GPU stage does with its report: one image ID, so it goes to both staged forms.
+    # What the GPU stage keeps of its report (one image ID, so one record per staged form), and
+    # the sign job then attaches and signs on each form; a report about another image is refused.
     second_report = {**smoke_result.report, "run_by": "the GPU stage"}  # another run's report, not the same bytes
-    attached = staging.attach_gpu_report(publisher, built.cell, "z1", built.image_id, built.build_id, second_report)
-    assert attached == [item.digest for item in staged]
-    assert all(len(publisher.door.reports(digest)) == 2 for digest in attached)
-    with pytest.raises(UserError, match="is not image"):
-        staging.attach_gpu_report(publisher, built.cell, "z1", "sha256:" + "0" * 64, "", smoke_result.report)
+    kept = tmp_path / "staged"
+    staging.write_staged(publisher, "z1", staged, kept)
+    for item in staged:
+        staging.write_gpu_report(kept, staging.staging_tag(grid, built.cell, "z1", item.compression), item.digest,
+                                 {**second_report, "image_id": "sha256:" + "0" * 64})  # fmt: skip
+    signer = Publisher(api, grid, say, signer=CryptoSigner.generate_ed25519())
+    with pytest.raises(UserError, match="report is for another image than the staged one"):
+        signing.sign(signer, [built.cell], "z1", kept)
+    for item in staged:
+        staging.write_gpu_report(kept, staging.staging_tag(grid, built.cell, "z1", item.compression), item.digest,
+                                 second_report)  # fmt: skip
+    signing.sign(signer, [built.cell], "z1", kept)
+    assert all(len(publisher.door.reports(item.digest)) == 2 for item in staged)
 
     records, readme = tmp_path / "records", tmp_path / "README.md"
     readme.write_text(f"# x\n{publish.TABLE_START}\n{publish.TABLE_END}\n")

@@ -1,10 +1,12 @@
-"""The act test's stand-in for a rebuild that disagrees: in place of the rebuild job's step, sign
-with the rebuilder's key (TORCH_IMAGES_REBUILD_KEY) a rebuild statement about each staged digest
-that names another image ID than the staged one. Promote must then refuse, and no tag move.
+"""The act test's stand-in for a rebuild that disagrees: in place of the rebuild job's
+`publish stage-rebuild` step, push under the run's rebuild tag an image that is not the staged
+one (the staged layers under another config, as a nondeterministic or tampered build would give),
+and write the record stage-rebuild writes. sign-rebuild, which builds nothing and holds the
+rebuilder's key, must then refuse to sign, and no tag move.
 
-Run as the step would: `.nox/builder/bin/python tests/support/act_rebuild_disagrees.py`, with
-IMAGE (REGISTRY/REPOSITORY), REGISTRY_USER and REGISTRY_PASSWORD set, in the job's checkout
-where `staged/` holds what the cell job staged."""
+Run as the step would: `.nox/builder/bin/python tests/support/act_rebuild_disagrees.py CELL`, with
+IMAGE (REGISTRY/REPOSITORY), GITHUB_RUN_ID, REGISTRY_USER and REGISTRY_PASSWORD set, in the job's
+checkout."""
 
 from __future__ import annotations
 
@@ -13,29 +15,34 @@ import os
 import sys
 from pathlib import Path
 
-from builder.oci.registry import Registry
-from builder.publish import attachments, provenance
+from builder.oci.registry import Manifest, Registry
+from builder.plan import matrix
+from builder.publish import staging
+from builder.publish.publisher import Publisher
+from builder.publish.rebuilds import rebuild_tag
 
-OTHER_IMAGE = "sha256:" + "d" * 64
 
-
-def main() -> int:
+def main(cell_name: str) -> int:
     host, _, repository = os.environ["IMAGE"].partition("/")
     registry = Registry(host, os.environ["REGISTRY_USER"], os.environ["REGISTRY_PASSWORD"], retries=1, backoff_s=0.1)
-    signer = provenance.load_signer(None, provenance.REBUILD_KEY_ENVIRONMENT)
-    assert signer is not None, "TORCH_IMAGES_REBUILD_KEY is not set"
-    for record in sorted(Path("staged").glob("*.json")):
-        staged = json.loads(record.read_text())
-        manifest = registry.manifest(repository, staged["tag"])
-        assert manifest is not None and manifest.digest == staged["digest"], staged
-        about = provenance.Subject(f"{host}/{repository}", manifest.digest, OTHER_IMAGE, "0" * 32)
-        statement = provenance.rebuild_statement(about, "act stand-in (disagrees)", "test", "2026-12-07T00:00:00Z")
-        attachments.Door(registry, repository).attach_statement(
-            manifest, f"{staged['tag']}.rebuild-disagrees", statement, signer
-        )
-        print(f"signed a rebuild of {manifest.digest[:19]} that names image {OTHER_IMAGE[:19]}")
+    grid = matrix.load_matrix(Path("matrix.yaml"))
+    cell, run = grid.cell(cell_name), os.environ["GITHUB_RUN_ID"]
+    staged = registry.manifest(repository, staging.staging_tag(grid, cell, run))
+    assert staged is not None, "the cell job staged nothing"
+    document = json.loads(staged.body)
+    config = json.loads(registry.blob(repository, document["config"]["digest"]))
+    config.setdefault("config", {}).setdefault("Labels", {})["act.stand-in"] = "another image"
+    body = json.dumps(config, sort_keys=True).encode()
+    document["config"] = {**document["config"], "digest": registry.upload_blob(repository, body), "size": len(body)}
+    tag = rebuild_tag(Publisher(registry, grid), cell, run)
+    pushed = Manifest.of(json.dumps(document).encode(), staged.media_type)
+    registry.put_manifest(repository, tag, pushed)
+    record = {"tag": tag, "digest": pushed.digest, "cell": cell.name, "builder": "act stand-in (disagrees)"}
+    Path("rebuilt").mkdir(exist_ok=True)
+    Path("rebuilt", f"{tag}.json").write_text(json.dumps(record) + "\n")
+    print(f"pushed as {tag} an image that is not the staged one: {document['config']['digest'][:19]}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1]))

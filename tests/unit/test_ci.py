@@ -3,7 +3,7 @@ against the CI systems' published schemas (check-jsonschema's built-in copies)."
 
 from __future__ import annotations
 
-import json
+import hashlib
 import os
 import re
 import subprocess
@@ -148,7 +148,11 @@ def test_the_registry_is_ghcr_or_gitlabs_own_by_default_and_another_logs_in_with
     assert 'echo "IMAGE=ghcr.io/${GITHUB_REPOSITORY_OWNER,,}/torch"' in github
     parsed = yaml.safe_load(github)
     assert parsed["permissions"] == {}  # each job names its own (issue 55)
-    assert all(job["permissions"]["packages"] == "write" for job in parsed["jobs"].values())
+    # every job pushes or attaches but the GPU job, which only pulls (its report goes to sign-gpu)
+    assert {name: job["permissions"]["packages"] for name, job in parsed["jobs"].items() if name != "gpu"} == {
+        name: "write" for name in parsed["jobs"] if name != "gpu"
+    }
+    assert parsed["jobs"]["gpu"]["permissions"] == {"contents": "read", "packages": "read"}
     login = next(s for s in parsed["jobs"]["cell"]["steps"] if "docker login" in s.get("run", ""))
     assert login["env"]["TOKEN"] == "${{ secrets.GITHUB_TOKEN }}"
     harbor = yaml.safe_load(ci.workflow(grid, "github", registry="harbor.example.com/ml/torch"))
@@ -350,43 +354,68 @@ def test_githubs_attestations_are_opt_in_and_attest_each_staged_manifest_with_it
     assert all(s["subject-name"] == "${{ env.IMAGE }}" and s["push-to-registry"] is True for s in subjects)
 
 
-def test_the_staged_digests_step_reads_the_records_publish_writes(grid, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """The step's shell, run on records as `publish --stage --staged-record` writes them."""
-    grid.spec = grid.spec.model_copy(update={"ci": grid.spec.ci.model_copy(update={"github_attestations": True})})
-    steps = yaml.safe_load(ci.workflow(grid, "github"))["jobs"]["attest"]["steps"]
-    script = next(s for s in steps if s.get("id") == "staged")["run"]
-    staged = tmp_path / "staged"
-    staged.mkdir()
-    for tag, digest in (
-        ("2.13.0-x.staging-7", "sha256:" + "a" * 64),
-        ("2.13.0-x-zstd.staging-7", "sha256:" + "b" * 64),
-    ):
-        (staged / f"{tag}.json").write_text(json.dumps({"tag": tag, "digest": digest, "cell": "x"}))
+def test_the_staged_digests_step_asks_the_registry_under_the_tags_the_matrix_and_run_name(grid, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The attest job takes no digest from a file a build wrote: its step's shell, run with a
+    `docker` that answers as the registry would, asks for `<image tag>.staging-<run>` of each form."""
+    grid.spec = grid.spec.model_copy(
+        update={
+            "ci": grid.spec.ci.model_copy(update={"github_attestations": True}),
+            "publish": grid.spec.publish.model_copy(update={"compression": "zstd"}),
+        }
+    )
+    job = yaml.safe_load(ci.workflow(grid, "github"))["jobs"]["attest"]
+    entry = next(e for e in job["strategy"]["matrix"]["include"] if e["cell"] == grid.flagship.name)
+    assert entry["gzip"] == grid.image_tag(grid.flagship) and entry["zstd"] == grid.image_tag(grid.flagship, "zstd")
+    assert not any(s.get("uses", "").startswith("actions/download-artifact@") for s in job["steps"])
+    step = next(s for s in job["steps"] if s.get("id") == "staged")
+    fake = tmp_path / "bin" / "docker"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\n[ "$1 $2 $3" = "buildx imagetools inspect" ] || exit 9\n'
+                    'printf "sha256:%s\\n" "$(printf %s "$4" | sha256sum | cut -c1-64)"\n')  # fmt: skip
+    fake.chmod(0o755)
+    values = {"${{ github.run_id }}": "7", "${{ matrix.gzip }}": entry["gzip"], "${{ matrix.zstd }}": entry["zstd"]}
+    env = {name: values[value] for name, value in step["env"].items()}
     output = tmp_path / "output"
-    env = {"PATH": os.environ["PATH"], "GITHUB_OUTPUT": str(output)}
-    subprocess.run(["bash", "-eo", "pipefail", "-c", script], cwd=tmp_path, env=env, check=True)
-    assert sorted(output.read_text().splitlines()) == ["gzip=sha256:" + "a" * 64, "zstd=sha256:" + "b" * 64]
+    env.update({"PATH": f"{fake.parent}:{os.environ['PATH']}", "GITHUB_OUTPUT": str(output), "IMAGE": "r.example/t"})
+    subprocess.run(["bash", "-eo", "pipefail", "-c", step["run"]], cwd=tmp_path, env=env, check=True)
+
+    def digest(tag: str) -> str:
+        return "sha256:" + hashlib.sha256(f"r.example/t:{tag}.staging-7".encode()).hexdigest()
+
+    assert sorted(output.read_text().splitlines()) == [f"gzip={digest(entry['gzip'])}", f"zstd={digest(entry['zstd'])}"]
 
 
 def test_the_rebuild_check_builds_each_cell_again_with_buildkit_and_promote_waits_for_it(
     grid,  # type: ignore[no-untyped-def]
     tmp_path: Path,
 ) -> None:
-    """Issue 48: with ci.rebuild_check, a job of its own rebuilds each staged image with another
-    builder than the cell job's, signs the rebuild only where the image IDs agree, and promote
-    (which then counts at least one signed rebuild) waits for it."""
+    """Issue 48: with ci.rebuild_check, a job of its own rebuilds each cell with another builder
+    than the cell job's. Issue 55: it holds no key and no registry token while it builds; a job
+    that builds nothing signs with a rebuilder's own key where the registry's rebuild is the
+    staged image, and promote (which then counts at least one signed rebuild) waits for it."""
     assert "rebuild" not in yaml.safe_load(ci.workflow(grid, "github"))["jobs"]
     grid.spec = grid.spec.model_copy(update={"ci": grid.spec.ci.model_copy(update={"rebuild_check": True})})
     text = ci.workflow(grid, "github")
     checked = _validate("github", text, tmp_path)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     jobs = yaml.safe_load(text)["jobs"]
-    assert jobs["rebuild"]["needs"] == "sign" and "rebuild" in jobs["promote"]["needs"]
-    assert jobs["rebuild"]["environment"] == "torch-images-rebuild"  # the rebuilder key's, not the team key's
-    [step] = [s for s in jobs["rebuild"]["steps"] if "--rebuild" in s.get("run", "")]
-    assert "--backend buildkit" in step["run"] and '"$IMAGE:$tag@$digest"' in step["run"]
+    rebuild, sign = jobs["rebuild"], jobs["sign-rebuild"]
+    assert rebuild["needs"] == "sign" and sign["needs"] == "rebuild" and "sign-rebuild" in jobs["promote"]["needs"]
+    assert "environment" not in rebuild and "KEY" not in str(rebuild)  # no key of any kind where it builds
+    runs = [s.get("run", "") for s in rebuild["steps"]]
+    [built] = [i for i, r in enumerate(runs) if "./nox -s build" in r]
+    assert all(flag in runs[built] for flag in ("--backend buildkit", "--no-cache", "--fresh-base"))
+    assert (
+        built
+        < next(i for i, r in enumerate(runs) if "docker login" in r)
+        < next(i for i, r in enumerate(runs) if "publish -- stage-rebuild" in r)
+    )
+    assert sign["environment"] == "torch-images-rebuild"  # the rebuilder key's, not the team key's
+    assert not any("./nox -s build" in s.get("run", "") or "actions/cache@" in s.get("uses", "") for s in sign["steps"])
+    [step] = [s for s in sign["steps"] if "publish -- sign-rebuild" in s.get("run", "")]
     # a rebuilder key of its own, never the team's (promote would not count the team's)
-    assert set(step["env"]) == {"TORCH_IMAGES_REBUILD_KEY"} and "TORCH_IMAGES_SIGNING_KEY" not in str(jobs["rebuild"])
+    assert set(step["env"]) == {"TORCH_IMAGES_REBUILD_KEY", "TORCH_IMAGES_VERIFY_KEY"}
+    assert "TORCH_IMAGES_SIGNING_KEY" not in str(sign)
     assert not any("--backend" in s.get("run", "") for s in jobs["cell"]["steps"])  # the cell job: classic
     assert staging.required_rebuilds(grid) == 1
 

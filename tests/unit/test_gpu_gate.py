@@ -142,7 +142,7 @@ def test_a_cpu_image_has_no_gpu_column_and_gpu_reports_get_a_tag_per_model() -> 
 
 
 def test_the_gpu_stage_refuses_a_cpu_cell_and_an_engine_without_the_nvidia_runtime(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     repo = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(repo)
@@ -155,8 +155,10 @@ def test_the_gpu_stage_refuses_a_cpu_cell_and_an_engine_without_the_nvidia_runti
     engine, say = EngineWithoutGpus(), lambda _: None
     with pytest.raises(UserError, match=r"2\.13\.0-cpu-bookworm-runtime: a CPU image has no GPU stage"):
         publisher = Publisher(None, grid, say, engine)  # type: ignore[arg-type]
-        staging.gpu_test(publisher, [grid.cell("2.13.0-cpu-bookworm-runtime")], "r1")
+        staging.gpu_test(publisher, [grid.cell("2.13.0-cpu-bookworm-runtime")], "r1", tmp_path)
     with pytest.raises(UserError, match="the engine has no NVIDIA runtime, so no container sees a GPU"):
+        staging.gpu_test(publisher, [grid.flagship], "r1", tmp_path)
+    with pytest.raises(UserError, match=r"keeps its report for the sign job \(--staged-record DIR\) or attaches it"):
         staging.gpu_test(publisher, [grid.flagship], "r1")
 
 
@@ -241,7 +243,7 @@ def test_the_gpu_stage_skips_a_digest_that_already_carries_the_keys_gpu_pass(mon
     said: list[str] = []
     key = CryptoSigner.generate_ed25519().public_key
     publisher = Publisher(Staged(), grid, said.append, NoEngine(), key=key)  # type: ignore[arg-type]
-    assert staging.gpu_test(publisher, [cell], "7") == [None]
+    assert staging.gpu_test(publisher, [cell], "7", attach=True) == [None]
     assert "already carries a GPU pass signed by the key (NVIDIA H200); not tested again" in said[-1]
 
 
@@ -277,3 +279,28 @@ def test_publish_on_a_machine_without_a_gpu_says_once_what_the_cuda_cells_need(m
         line.count("need a passing GPU self-test") == 1 and f"3 CUDA cells ({', '.join(c.name for c in cuda)})" in line
     )
     assert "publish gpu-test" in line and "ci.gpu_optional" in line
+
+
+def test_the_gpu_report_kept_for_the_sign_job_is_read_back_only_as_a_gpu_report_of_that_tag(tmp_path: Path) -> None:
+    """The GPU job holds no write token: its report travels to the sign job as a file, which is
+    hostile there (the GPU runner ran the image): another tag's, a CPU report, a link, an
+    oversized or malformed one is one line; none kept is None."""
+    tag, digest = "t.staging-1", "sha256:" + "a" * 64
+    assert staging.read_gpu_report(tmp_path, tag) is None
+    path = staging.write_gpu_report(tmp_path, tag, digest, gpu_report())
+    assert staging.read_gpu_report(tmp_path, tag) == gpu_report()
+    for hostile in ({"tag": "other", "report": gpu_report()}, {"tag": tag, "report": {"status": "pass"}},
+                    {"tag": tag, "report": "x"}, [tag]):  # fmt: skip
+        path.write_text(json.dumps(hostile))
+        with pytest.raises(UserError, match=r"not a GPU report of t\.staging-1"):
+            staging.read_gpu_report(tmp_path, tag)
+    path.write_text("{" * 100)
+    with pytest.raises(UserError):
+        staging.read_gpu_report(tmp_path, tag)
+    path.write_bytes(b" " * (staging.GPU_REPORT_RECORD_BYTES + 1))
+    with pytest.raises(UserError, match="is larger than"):
+        staging.read_gpu_report(tmp_path, tag)
+    path.unlink()
+    path.symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(UserError, match="symbolic link"):
+        staging.read_gpu_report(tmp_path, tag)

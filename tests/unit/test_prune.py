@@ -69,23 +69,37 @@ def test_a_forged_newer_pass_does_not_supersede_a_signed_one() -> None:
     assert [a.artifact for a in prune._stale(attached, IMAGE, newer_signed, keyed=True)] == ["sha256:1"]
 
 
-def test_a_signed_statement_goes_only_with_the_passing_report_it_is_about() -> None:
-    def about(kind: str, predicate: dict[str, Any], documents: set[str], gone: set[Any]) -> bool:
-        return prune._about_gone(prune._Statement("a", "e", kind, predicate, False), IMAGE, documents, gone)
+def test_a_signed_statement_goes_only_with_the_exact_report_bytes_it_names_and_never_while_they_stay() -> None:
+    older, newer = _report("cpu", "2026-01-01T00:00:00Z"), _report("cpu", "2026-02-01T00:00:00Z")
+    gone, kept = prune._Attached("sha256:1", "d1", older), prune._Attached("sha256:2", "d2", newer)
+    copy = prune._Attached("sha256:3", "d1", older)  # the same bytes under another manifest
 
-    gone = {prune._identity(_report("cpu", "2026-01-01T00:00:00Z"))}
-    same_time_other_image = _report("cpu", "2026-01-01T00:00:00Z", image_id="sha256:" + "b" * 64)
-    assert about(prune.provenance.SELFTEST, _report("cpu", "2026-01-01T00:00:00Z"), set(), gone)
-    assert not about(prune.provenance.SELFTEST, _report("cpu", "2026-02-01T00:00:00Z"), set(), gone)
-    assert about(prune.provenance.SELFTEST, same_time_other_image, set(), set())  # another image's pass
-    failed_elsewhere = _report("cpu", "2026-01-01T00:00:00Z", "fail", "sha256:" + "b" * 64)
-    assert not about(prune.provenance.SELFTEST, failed_elsewhere, set(), set())  # a failure: never
+    def goes(kind: str, predicate: dict[str, Any], staying: list[prune._Attached]) -> bool:
+        return prune._goes_with(prune._Statement("a", "e", kind, predicate, True), [gone], staying)
+
     result = {"result": "PASSED", "configuration": [{"digest": {"sha256": "d1"}}]}
-    assert about(prune.provenance.TEST_RESULT, result, {"d1"}, set())
-    assert not about(prune.provenance.TEST_RESULT, result, {"d2"}, set())
-    assert about(prune.provenance.TEST_RESULT, {**result, "result": "WARNED"}, {"d1"}, set())  # a pass, warned
-    assert not about(prune.provenance.TEST_RESULT, {**result, "result": "FAILED"}, {"d1"}, set())
-    assert not about(prune.provenance.PROVENANCE, {}, {"d1"}, gone)  # provenance never goes
+    assert goes(prune.provenance.SELFTEST, older, [kept]) and goes(prune.provenance.TEST_RESULT, result, [kept])
+    assert not goes(prune.provenance.SELFTEST, newer, [kept])  # about the report that stays
+    assert not goes(prune.provenance.SELFTEST, older, [kept, copy])  # its bytes stay in the copy
+    assert not goes(prune.provenance.TEST_RESULT, result, [kept, copy])
+    assert goes(prune.provenance.TEST_RESULT, {**result, "result": "WARNED"}, [kept])  # a pass, warned
+    assert not goes(prune.provenance.TEST_RESULT, {**result, "result": "FAILED"}, [kept])
+    other = {"result": "PASSED", "configuration": [{"digest": {"sha256": "d9"}}]}  # bytes not attached here
+    assert not goes(prune.provenance.TEST_RESULT, other, [kept])
+    assert not goes(prune.provenance.PROVENANCE, {}, [kept])  # provenance never goes
+
+
+def test_a_look_alike_or_a_copy_of_the_teams_signed_pass_supersedes_nothing() -> None:
+    """Issue 57: a stranger's unsigned report with the identity (image, device, time) of the
+    team's signed pass, as a byte-identical copy or with other figures, made prune delete the
+    team's pass and its statements. An equal time is not later; the copy's bytes are the team's."""
+    team = _report("NVIDIA H200", "2026-01-01T00:00:00Z")
+    other_figures = {**team, "figures": "made up"}
+    statements = [_signed(team, True)]
+    for stranger in (prune._Attached("sha256:2", "d1", team), prune._Attached("sha256:2", "d2", other_figures)):
+        attached = [prune._Attached("sha256:1", "d1", team), stranger]
+        assert prune._stale(attached, IMAGE, statements, keyed=True) == []
+        assert prune._stale(attached, IMAGE, [], keyed=False) == []  # unsigned: an equal time is not later
 
 
 class _Registry:
@@ -206,3 +220,22 @@ def test_on_a_registry_with_the_referrers_api_only_a_proven_attachment_is_delete
         server.shutdown()
         server.server_close()
     assert pruned.reports == [stale] and _ReferrersApi.deleted == [stale]
+
+
+def test_on_a_registry_with_the_referrers_api_a_listing_that_names_each_entry_twice_deletes_only_the_stale() -> None:
+    """Issue 57: with each genuine entry listed twice, each report superseded itself and the
+    newest went too. A digest proves once: only the older pass goes, and once."""
+    _ReferrersApi.manifests, _ReferrersApi.blobs, _ReferrersApi.deleted = {}, {}, []
+    older = _report_artifact(DIGEST, _report("cpu", "2026-01-01T00:00:00Z"))
+    newer = _report_artifact(DIGEST, _report("cpu", "2026-02-01T00:00:00Z"))
+    _ReferrersApi.listed = [{"mediaType": OCI_MANIFEST, "digest": d, "size": 1, "artifactType": reports.SELFTEST_TYPE}
+                            for d in (older, newer, newer, older)]  # fmt: skip
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ReferrersApi)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = Registry(f"127.0.0.1:{server.server_address[1]}", retries=0)
+        pruned = prune.prune_digest(attachments.Door(client, "torch"), "tag", DIGEST, IMAGE)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert pruned.reports == [older] and _ReferrersApi.deleted == [older] and pruned.kept == 1

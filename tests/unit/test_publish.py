@@ -182,21 +182,60 @@ def test_promote_without_a_key_refuses_a_staged_image_with_no_report_and_lists_r
 
 
 def test_the_sign_job_reads_which_documents_a_run_attached_and_refuses_a_record_that_is_not_one(tmp_path: Path) -> None:
-    """A staged record names, by sha256, what the stage and GPU jobs attached; one staged from the
+    """A staged record names, by sha256, what the stage job attached; one staged from the
     registry names nothing; a missing, foreign or malformed one is one line."""
     tag, digest = "t.staging-1", "sha256:" + "a" * 64
     (tmp_path / f"{tag}.json").write_text(json.dumps({"tag": tag, "digest": digest, "attached": {"sbom": digest}}))
-    (tmp_path / f"{tag}.gpu.json").write_text(
-        json.dumps({"tag": tag, "digest": digest, "attached": {"gpu-selftest": digest}})
-    )
-    assert signing.recorded_documents(tmp_path, tag) == {"sbom": digest, "gpu-selftest": digest}
-    (tmp_path / f"{tag}.gpu.json").unlink()
+    assert signing.recorded_documents(tmp_path, tag) == {"sbom": digest}
     (tmp_path / f"{tag}.json").write_text(json.dumps({"tag": tag, "digest": digest}))  # staged from the registry
     assert signing.recorded_documents(tmp_path, tag) == {}
     for hostile in ({"tag": "other", "attached": {}}, {"tag": tag, "attached": {"sbom": "sha256:zz"}},
-                    {"tag": tag, "attached": {"script": digest}}):  # fmt: skip
+                    {"tag": tag, "attached": {"script": digest}},
+                    {"tag": tag, "attached": {"gpu-selftest": digest}}):  # fmt: skip
         (tmp_path / f"{tag}.json").write_text(json.dumps(hostile))
         with pytest.raises(UserError, match=r"not a staged record of t\.staging-1"):
             signing.recorded_documents(tmp_path, tag)
     with pytest.raises(UserError, match=r"no u.staging-1.json; give the folder `publish stage` wrote"):
         signing.recorded_documents(tmp_path, "u.staging-1")
+
+
+def test_the_engine_that_built_an_image_is_recorded_and_a_changed_record_names_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 55: the stage's provenance and a rebuild's statement name the builder (engine,
+    version, store, backend): the build records it in the cache by image ID; a record that is not
+    one (another image's, a control character, a link) names nothing."""
+    from builder.assemble import build
+
+    monkeypatch.setenv("TORCH_IMAGES_CACHE", str(tmp_path / "cache"))
+
+    class Engine:
+        def info(self) -> dict[str, object]:
+            return {"Driver": "overlay2", "DriverStatus": []}
+
+        def version(self) -> dict[str, object]:
+            return {"Version": "20.10.24"}
+
+    image_id = "sha256:" + "c" * 64
+    assert build.built_by(image_id) is None
+    build.record_builder(Engine(), image_id, "buildkit")  # type: ignore[arg-type]
+    assert build.built_by(image_id) == "Docker 20.10.24 (overlay2), BuildKit"
+    record = tmp_path / "cache" / "builds" / f"{'c' * 64}.json"
+    for hostile in ({"image_id": "sha256:" + "d" * 64, "builder": "x"}, {"image_id": image_id, "builder": "x\x1b[2J"}):
+        record.write_text(json.dumps(hostile))
+        assert build.built_by(image_id) is None
+    record.unlink()
+    record.symlink_to(tmp_path / "elsewhere")
+    assert build.built_by(image_id) is None
+
+
+def test_the_sign_job_carries_the_first_builders_name_into_the_provenance_or_refuses_a_bad_one(tmp_path: Path) -> None:
+    tag = "t.staging-1"
+    (tmp_path / f"{tag}.json").write_text(json.dumps({"tag": tag, "built_on": "Docker 29.1.3 (containerd store)"}))
+    assert signing.recorded_builder(tmp_path, tag) == "Docker 29.1.3 (containerd store)"
+    (tmp_path / f"{tag}.json").write_text(json.dumps({"tag": tag}))
+    assert signing.recorded_builder(tmp_path, tag) is None
+    for hostile in ("x\n", "", "x" * 201, 7):
+        (tmp_path / f"{tag}.json").write_text(json.dumps({"tag": tag, "built_on": hostile}))
+        with pytest.raises(UserError, match="its built_on is not an engine's name"):
+            signing.recorded_builder(tmp_path, tag)

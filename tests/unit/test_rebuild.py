@@ -4,8 +4,12 @@ sizes), and which image of a multi-arch tag it rebuilds."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import io
 import json
+import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -81,3 +85,69 @@ def test_a_multi_arch_tag_is_rebuilt_for_the_platform_this_host_runs(monkeypatch
     monkeypatch.setattr(rebuild.platforms, "host", lambda: platforms.of("linux/arm64"))
     with pytest.raises(UserError, match="its index has no linux/arm64 image, this host's platform; rebuild it there"):
         rebuild.resolve(_Registry(["linux/amd64"]), reference)  # type: ignore[arg-type]
+
+
+class _Engine:
+    """The engine's rebuilt image: its layers' diff IDs; layer manifests are not asked for."""
+
+    def __init__(self, layers: list[str]) -> None:
+        self.images = self
+        self.attrs = {"RootFS": {"Layers": layers}}
+
+    def get(self, reference: str) -> _Engine:
+        return self
+
+
+class _Blobs:
+    def __init__(self, blob: bytes) -> None:
+        self.blob = blob
+
+    def download_blob(self, repository: str, digest: str, target: object) -> None:
+        Path(str(target)).write_bytes(self.blob)
+
+
+def _appended_layer() -> bytes:
+    data, out = b"export TOKEN=x\n", io.BytesIO()
+    with gzip.GzipFile(fileobj=out, mode="wb", mtime=0) as zipped, tarfile.open(fileobj=zipped, mode="w") as tar:
+        info = tarfile.TarInfo("etc/profile.d/added.sh")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def _published(layers: list[dict[str, str]], diff_ids: list[str]) -> rebuild.Published:
+    served = Manifest.of(b"{}", OCI_MANIFEST)
+    config = {"rootfs": {"diff_ids": diff_ids}}
+    return rebuild.Published(served, "sha256:" + "9" * 64, config, {"layers": layers}, "")
+
+
+def test_a_layer_appended_to_the_published_image_is_named_with_its_files() -> None:
+    """Issue 57: `docker commit` after `docker cp` of one file added a layer, and the rebuild said
+    only that the layers agree and the configs differ."""
+    gz = "application/vnd.oci.image.layer.v1.tar+gzip"
+    published = _published([{"mediaType": gz, "digest": "sha256:a"}, {"mediaType": gz, "digest": "sha256:b"}],
+                           ["sha256:1", "sha256:2"])  # fmt: skip
+    found = rebuild.Rebuilt(published, "cell", "sha256:" + "8" * 64)
+    rebuild.compare_layers(_Engine(["sha256:1"]), _Blobs(_appended_layer()), "torch", published, "local", found)  # type: ignore[arg-type]
+    assert found.differing_layer == 1
+    assert found.paths == ["etc/profile.d/added.sh: only in the published layer"]
+    assert "the published image has 1 layer(s) more than the rebuild" in found.notes
+
+
+@pytest.mark.parametrize(
+    ("layers", "blob", "says"),
+    [
+        ([], b"", "the published manifest lists no layer 2, which its config names"),
+        ([{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": "sha256:b"}] * 2, b"not gzip",
+         "is not a application/vnd.oci.image.layer.v1.tar+gzip archive"),
+        ([{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": "sha256:b"}] * 2, b"not a tar" * 100,
+         "is not a application/vnd.oci.image.layer.v1.tar archive"),
+    ],
+)  # fmt: skip
+def test_a_published_layer_that_is_missing_or_not_an_archive_is_one_note_not_a_traceback(
+    layers: list[dict[str, str]], blob: bytes, says: str
+) -> None:
+    published = _published(layers, ["sha256:1", "sha256:2"])
+    found = rebuild.Rebuilt(published, "cell", "sha256:" + "8" * 64)
+    rebuild.compare_layers(_Engine(["sha256:1"]), _Blobs(blob), "torch", published, "local", found)  # type: ignore[arg-type]
+    assert any(says in note for note in found.notes), found.notes

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from securesystemslib.signer import CryptoSigner
 
 from builder.config import platform
 from builder.errors import UserError
 from builder.oci.registry import OCI_MANIFEST, Manifest
-from builder.publish import attachments, soci
+from builder.publish import attachments, provenance, soci
 from builder.wheelhouse import tools
 from builder.wheelhouse.fileref import FileRef
 
@@ -180,15 +181,37 @@ class _Registry:
 
 class _Item:
     digest = IMAGE.digest
+    image_id = "sha256:" + "9" * 64
 
 
-def test_only_an_attached_index_that_proves_to_be_this_images_counts_as_attached() -> None:
-    """Issue 47: anyone who could push attached an index first, and publish then made none."""
+def test_only_an_index_the_teams_key_named_that_proves_to_be_this_images_counts_as_attached(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 47: anyone who could push attached an index first, and publish then made none.
+    Issue 57: a third party's well-formed index of the image still stood in for the team's: an
+    index is kept only where a statement the team's key verified names it."""
+    ours_digest = Manifest.of(json.dumps(made_by_soci()).encode(), OCI_MANIFEST).digest
+    statements: list[attachments.Signed] = []
+    monkeypatch.setattr(attachments.Door, "signed", lambda self, *args: statements)
+    key = CryptoSigner.generate_ed25519().public_key
     other_image = copy.deepcopy(made_by_soci())
     other_image["subject"]["digest"] = "sha256:" + "e" * 64
     ztoc = made_by_soci()["layers"][0]["digest"]
-    for listed, blobs in (([other_image], {ztoc}), ([made_by_soci()], set()), ([{"junk": 1}], {ztoc})):
-        assert soci.attached(attachments.Door(_Registry(listed, blobs), "torch"), _Item()) is None  # type: ignore[arg-type]
     ours = _Registry([other_image, made_by_soci()], {ztoc})
-    found = soci.attached(attachments.Door(ours, "torch"), _Item())  # type: ignore[arg-type]
-    assert found == Manifest.of(json.dumps(made_by_soci()).encode(), OCI_MANIFEST).digest
+    assert soci.attached(attachments.Door(ours, "torch"), _Item(), key) is None  # well formed, and no one's word
+    assert soci.attached(attachments.Door(ours, "torch"), _Item(), None) is None  # no key: publish makes its own
+    statement = {"predicateType": provenance.SOCI_INDEX, "predicate": {"index": {"digest": ours_digest}}}
+    statements.append(attachments.Signed(None, {}, statement, True))  # type: ignore[arg-type]
+    for listed, blobs in (([other_image], {ztoc}), ([made_by_soci()], set()), ([{"junk": 1}], {ztoc})):
+        assert soci.attached(attachments.Door(_Registry(listed, blobs), "torch"), _Item(), key) is None  # type: ignore[arg-type]
+    found = soci.attached(attachments.Door(ours, "torch"), _Item(), key)  # type: ignore[arg-type]
+    assert found == ours_digest
+
+
+def test_the_statement_publish_signs_names_the_index_it_made() -> None:
+    about = provenance.Subject("r/torch", IMAGE.digest, "sha256:" + "9" * 64, "b" * 32)
+    statement = provenance.soci_index_statement(about, "sha256:" + "5" * 64)
+    assert statement["predicateType"] == provenance.SOCI_INDEX
+    assert provenance.soci_index_named(statement["predicate"]) == "sha256:" + "5" * 64
+    assert provenance.is_about(statement, IMAGE.digest, about.image_id)
+    assert provenance.soci_index_named({"index": "x"}) is None

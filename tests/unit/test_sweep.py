@@ -78,5 +78,36 @@ def test_the_table_lists_rejected_combinations_and_cells_swept_before_that_the_m
     assert all(f"| {r.name} | " in rejected for r in grid.rejected)
     assert "2.6.0-bookworm-devel | the devel flavor needs nvcc" in rejected
     former = text.split("## Swept before, no longer built")[1]
-    assert f"| {gone.cell} | af245e4ecc8c | build failed: no nvcc / x |" in former
+    assert f"| `{gone.cell}` | af245e4ecc8c | build failed: no nvcc \\| x |" in former
     assert gone.cell not in text.split("## Rejected combinations")[0]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [("size_bytes", "5 GB", "size_bytes is not a whole number"), ("build_seconds", float("nan"), "build_seconds"),
+     ("largest_layer_bytes", -5, "largest_layer_bytes is not a whole number of zero or more"),
+     ("checks_total", True, "checks_total"), ("engine", ["Docker"], "engine is not a string"),
+     ("detail", None, "detail is not a string")],
+)  # fmt: skip
+def test_a_row_with_the_right_keys_and_the_wrong_kinds_of_value_is_one_line(
+    tmp_path: Path, field: str, value: object, says: str
+) -> None:
+    """Issue 57: such rows crashed `sweep` after a cell's build (and docs_tables wrote `nan GB`)."""
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({ROW.cell: {**dataclasses.asdict(ROW), field: value}}))
+    with pytest.raises(UserError, match=says) as caught:
+        sweep.read_record(path)
+    assert "\n" not in caught.value.line()
+
+
+def test_a_rows_text_cannot_add_lines_headings_or_cells_to_the_table() -> None:
+    """Issue 57: a check's multi-line message, or an engine name with a pipe and a newline, added
+    headings and broke rows in docs/matrix.md."""
+    grid = matrix.load_matrix(paths.PACKAGE.parent / "matrix.yaml")
+    hostile = dataclasses.replace(ROW, engine="Docker | x\n# Owned\n| a | b |", status="fail\n## Heading")
+    former = dataclasses.replace(ROW, cell="gone|cell", detail="line one\n# Heading\n| x |")
+    text = sweep.table(grid, {ROW.cell: hostile, former.cell: former})
+    assert not any(line.startswith("# Owned") or line.startswith("## Heading") or line.startswith("# Heading")
+                   for line in text.splitlines())  # fmt: skip
+    row = next(line for line in text.splitlines() if line.startswith(f"| {ROW.cell} |"))
+    assert row.count(" | ") == 9 and "\\|" in row  # ten cells, the pipe escaped
