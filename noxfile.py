@@ -17,7 +17,9 @@ from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["tests"]
+# A bare `./nox` (a newcomer's first try) runs the linters: short, and it installs and starts nothing on
+# the machine. The test suite, which does (as root), is asked for by name: `./nox -s tests`.
+nox.options.sessions = ["lint"]
 nox.options.reuse_existing_virtualenvs = True
 
 
@@ -131,7 +133,7 @@ def tests(session: nox.Session) -> None:
     """Unit tests, drift checks, and integration tests against the real engine and registry.
 
     As root on a fresh machine this installs, with apt, the engine and the tools the tests use
-    (docker.io, mmdebstrap, docker-registry, apache2-utils, openssl, gnupg, sudo) and starts dockerd.
+    (docker.io, mmdebstrap, gpgv, docker-registry, apache2-utils, openssl, gnupg, sudo) and starts dockerd.
     `-- --cell CELL` runs the integration tests on another cell (a CUDA one, say).
     """
     _install_with_extras(session)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import re
+import sys
 from typing import Any
 
 from rich.console import Console
@@ -50,6 +51,12 @@ class SafeConsole(Console):
     def print(self, *objects: Any, **options: Any) -> None:
         options.pop("markup", None)
         super().print(*(printable(o) if isinstance(o, str) else o for o in objects), markup=False, **options)
+
+
+def table_console() -> SafeConsole:
+    """Where a wide table goes: as wide as the terminal it prints to, so its rows fold within
+    it; off a terminal (a CI log, a pipe) wide enough that each row stays one line."""
+    return SafeConsole() if sys.stdout.isatty() else SafeConsole(width=200)
 
 
 # ---------------------------------------------------------------- Markdown tables (README, docs/matrix.md)

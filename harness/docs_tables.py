@@ -9,6 +9,7 @@ committed is not what the code gives."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import dataclasses
 import json
@@ -20,7 +21,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from builder import confined
+from builder import cli, confined
 from builder.assemble import sweep
 from builder.errors import UserError
 
@@ -212,13 +213,59 @@ def with_figures(text: str) -> str:
     return FIGURE_SPAN.sub(value, text)
 
 
+CLI = REPO / "docs" / "cli.md"
+
+
+def cli_reference() -> str:
+    """docs/cli.md: every command, verb and option of `python -m builder`, from its parsers (their
+    help is the text a user gets from `--help`; this page is that text in one place)."""
+    lines = ["# `python -m builder`: every command and option", "",
+             "Written by `python -m harness.docs_tables` from the builder's own parsers; do not edit. Each",
+             "command also prints this with `--help`.", ""]  # fmt: skip
+    top = cli.build_parser()
+    lines += [_one_line(top.description or ""), ""]
+    for name, command in _subcommands(top):
+        lines += _command_section(f"python -m builder {name}", command, "##")
+        for verb, parser in _subcommands(command):
+            lines += _command_section(f"python -m builder {name} {verb}", parser, "###")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.ArgumentParser]]:
+    found = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return [(name, sub) for action in found for name, sub in action.choices.items()]
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _command_section(title: str, parser: argparse.ArgumentParser, level: str) -> list[str]:
+    lines = [f"{level} `{title}`", "", _one_line(parser.description or ""), ""]
+    rows = []
+    for action in parser._actions:
+        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) or action.help == argparse.SUPPRESS:
+            continue
+        name = ", ".join(action.option_strings) or action.dest
+        if action.metavar and action.option_strings:
+            name += f" {action.metavar}"
+        elif action.choices and action.option_strings:
+            name += " {" + ",".join(str(c) for c in action.choices) + "}"
+        rows.append(f"| `{name}` | {_one_line(str(action.help or '')).replace('|', '/')} |")
+    if rows:
+        lines += ["| option | what it does |", "|---|---|", *rows, ""]
+    return lines
+
+
 def main() -> None:
+    confined.write_text(CLI, cli_reference())
     confined.write_text(DEVELOPMENT, with_layout(DEVELOPMENT.read_text()))
     confined.write_text(CUSTOM_IMAGES, with_keys(CUSTOM_IMAGES.read_text()))
     confined.write_text(SCHEMA, matrix_schema())
     confined.write_text(README, with_figures(README.read_text()))
     print(
-        f"wrote the layout table in {DEVELOPMENT}, the key table in {CUSTOM_IMAGES}, {SCHEMA}, and {README}'s figures"
+        f"wrote {CLI}, the layout table in {DEVELOPMENT}, the key table in {CUSTOM_IMAGES}, {SCHEMA}, and {README}'s "
+        "figures"
     )
 
 

@@ -29,7 +29,7 @@ from builder.plan import matrix
 from builder.plan.cell import Cell
 from builder.publish import existing
 from builder.repro import recorded
-from builder.terminal import SafeConsole
+from builder.terminal import table_console
 from builder.wheelhouse import wheelhouse
 
 
@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
         table.add_column(column, no_wrap=column in ("cell", "tag", "image ID"))  # whole, to be copied
     for r in results:
         table.add_row(r.cell, r.reference, r.image_id[7:19], size.human(r.size_bytes), f"{r.seconds:.0f} s", r.status)
-    SafeConsole(width=200).print(table)
+    table_console().print(table)
     # A build that contradicts its cell's record fails, online and offline alike (its state says so).
     return 0 if all(not r.state.failed for r in results) else 1
 

@@ -15,7 +15,7 @@ from builder.commands.common import (
 )
 from builder.facts import compat
 from builder.plan import offers
-from builder.terminal import SafeConsole
+from builder.terminal import table_console
 
 
 def add(register: Register) -> None:
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         table.add_column(column, no_wrap=column in ("cell", "tag", "platform"), overflow="fold")
     for row in rows:
         table.add_row(*(str(row.get(k) or "") for k in columns))
-    SafeConsole(width=200).print(table)
+    table_console().print(table)
     for line in offers.describe(trtllm) if trtllm else []:
         console.print(line, highlight=False, soft_wrap=True)
     return 0

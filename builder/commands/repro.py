@@ -20,7 +20,7 @@ from builder.errors import UserError
 from builder.plan import matrix
 from builder.plan.cell import Cell
 from builder.repro import recorded
-from builder.terminal import SafeConsole
+from builder.terminal import table_console
 from builder.wheelhouse import wheelhouse
 
 
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
             table.add_column(column)
         for index, (first, second) in enumerate(verdict.layers):
             table.add_row(str(index), first[7:19], second[7:19], "yes" if first == second else "NO")
-        SafeConsole(width=200).print(table)
+        table_console().print(table)
         console.print(f"image ID: {verdict.first_id[7:19]} and {verdict.second_id[7:19]}")
         for index, paths in verdict.differences.items():
             console.print(f"layer {index} differs in: {', '.join(paths)}")

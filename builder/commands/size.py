@@ -15,7 +15,7 @@ from builder.commands.common import (
 )
 from builder.engine import daemon
 from builder.errors import UserError
-from builder.terminal import SafeConsole
+from builder.terminal import table_console
 
 
 def add(register: Register) -> None:
@@ -50,5 +50,5 @@ def run(args: argparse.Namespace) -> int:
     for layer in layers:
         largest = "\n".join(f"{size.human(b):>9}  {name}" for name, b in layer.largest(args.top))
         table.add_row(str(layer.index), size.human(layer.size), layer.step[:60], largest)
-    SafeConsole(width=200).print(table)
+    table_console().print(table)
     return 0

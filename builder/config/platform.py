@@ -18,6 +18,11 @@ class Platform:
     def architecture(self) -> str:
         return self.name.split("/")[1]
 
+    def descriptor(self) -> dict[str, str]:
+        """The `platform` of an OCI index's entry for an image of this platform."""
+        described = {"architecture": self.architecture, "os": "linux"}
+        return {**described, "variant": self.variant} if self.variant else described
+
     @property
     def suffix(self) -> str:
         """What names of this platform's things add to the default platform's: "" or "-arm64"."""

@@ -207,8 +207,12 @@ class PublishSpec(Strict):
     zstd_level: Annotated[int, Field(ge=1, le=19)] = ZSTD_LEVEL
     """1-19; the default is the bench's choice (benchmarks.md)."""
     soci: bool = False
-    """Also attach a SOCI index to each gzip image, so nodes with AWS's SOCI snapshotter start it
+    """Also make a SOCI index of each gzip image, so nodes with AWS's SOCI snapshotter start it
     lazily; needs containerd and root where `publish` runs (using-images.md)."""
+    soci_index: Literal["v2", "v1", "both"] = "v2"
+    """v2: a SOCI-enabled image under `<tag>-soci` (snapshotter v0.10 and later load it by default);
+    v1: an index attached to the image's own digest (snapshotters before v0.10, or later with
+    `[pull_modes.soci_v1]`); both."""
     require_rebuilds: Annotated[int, Field(ge=0, le=8)] = 0
     """Promote with the team's key moves a tag only when this many of `rebuilders`, each with its own
     key, signed a rebuild that gave the staged image's ID (`verify --rebuild --sign-key`). The team's
@@ -216,6 +220,23 @@ class PublishSpec(Strict):
     rebuilders: dict[Name, RelativeDir] = {}
     """Who rebuilds staged images: a name and the path of its PEM public key, relative to the matrix
     file (`rebuilders/alice.pub`). Each keeps its private key on its own machine (reproducible-builds.md)."""
+
+
+TorchPolicy = Literal["newest", "newest-per-cuda"]
+
+
+class FollowSpec(Strict):
+    """What `update --releases` proposes when upstream releases (keeping-current.md). A matrix
+    without this key is proposed nothing: its torch versions and bases move only by hand."""
+
+    torch: list[TorchPolicy] = []
+    """`newest`: the index's newest torch release joins axes.torch; `newest-per-cuda`: for each CUDA
+    line of the axes' torch versions, the newest release built for that line replaces its older ones."""
+    index: Name | None = None
+    """The index whose torch releases are read (default: defaults.index)."""
+    distros: list[Literal["debian", "ubuntu"]] = []
+    """Notice a Debian stable or Ubuntu LTS release that no base names, from its archive's signed index,
+    and propose a base for it in the pull request's text (never added unasked)."""
 
 
 class MatrixSpec(Strict):
@@ -255,6 +276,8 @@ class MatrixSpec(Strict):
     """What `ci` writes beyond the build jobs (ci.md)."""
     publish: PublishSpec = PublishSpec()
     """How `publish` writes the images' layers and what promote waits for."""
+    follow: FollowSpec | None = None
+    """Which upstream releases `update --releases` proposes (none without this key)."""
 
     def uses_flavor(self, name: str) -> bool:
         return name in (self.axes.flavor if self.axes else []) or any(s.flavor == name for s in self.include)
@@ -301,6 +324,8 @@ def _check_references(spec: MatrixSpec, source: SourceMap) -> None:
         check((*where, "index"), "index", selector.index, list(spec.indexes))
     for name in spec.budgets:
         check(("budgets", name), "flavor", name, known_flavors)
+    if spec.follow is not None:
+        check(("follow", "index"), "index", spec.follow.index, list(spec.indexes))
     if spec.axes:
         for i, base in enumerate(spec.axes.base):
             check(("axes", "base", i), "base", base, list(spec.bases))

@@ -109,7 +109,7 @@ class Matrix:
 # ---------------------------------------------------------------- expansion
 
 
-def _base_image(name: str, spec: BaseSpec) -> BaseImage:
+def base_image(name: str, spec: BaseSpec) -> BaseImage:
     return BaseImage(
         name=name,
         distro=spec.distro,
@@ -139,7 +139,7 @@ def _resolve(
 ) -> Cell | str:
     """A cell from a complete selector, or the reason it cannot work."""
     platform = platforms.of(selector.platform or platforms.DEFAULT)
-    base = dataclasses.replace(_base_image(selector.base or "", spec.bases[selector.base or ""]), arch=platform.debian)
+    base = dataclasses.replace(base_image(selector.base or "", spec.bases[selector.base or ""]), arch=platform.debian)
     python = selector.python or base.python
     if python != base.python:
         return f"base {base.name} provides Python {base.python}, not {python}"

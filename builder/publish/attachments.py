@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from securesystemslib.signer import CryptoSigner, SSlibKey
 
-from builder.assemble import smoke
+from builder import verdict
 from builder.errors import UserError
 from builder.oci.registry import DIGEST, Manifest, Registry
 from builder.publish import cosign_tag, provenance, reports, tags
@@ -173,7 +173,7 @@ class Door:
         entries = self.listed(subject, kind)
         self.at_most(entries, reports.MAX_REPORTS, subject, "self-test reports",
                      "remove the stale ones (publish prune)")  # fmt: skip
-        return [self.document(found, smoke.MAX_REPORT_BYTES) for found in self.proven(subject, entries, kind)]
+        return [self.document(found, verdict.MAX_REPORT_BYTES) for found in self.proven(subject, entries, kind)]
 
     # Writes: what the builder made, attached by digest.
 
@@ -232,3 +232,29 @@ class Door:
             self.registry.delete_manifest(self.repository, attachment.digest)
         self.registry.drop_from_referrers_tag(self.repository, subject, {a.digest for a in attachments})
         cosign_tag.remove(self.registry, self.repository, subject, envelopes or set())
+
+
+class DryDoor(Door):
+    """A door that reads as Door does and writes nothing: each write it is asked for becomes a line
+    (`dry run: would ...`) through `report`, so a dry run makes exactly the decisions a run would."""
+
+    def __init__(self, registry: Registry, repository: str, report: Callable[[str], None]) -> None:
+        super().__init__(registry, repository)
+        self.report = report
+
+    def attach(
+        self, subject: Manifest, tag: str, payload: bytes, artifact_type: str, annotations: dict[str, str]
+    ) -> str:
+        self.report(f"dry run: would attach {tag} ({artifact_type}) to {subject.digest[:19]}")
+        return "sha256:" + hashlib.sha256(payload).hexdigest()
+
+    def attach_statement(self, subject: Manifest, tag: str, statement: dict[str, Any], signer: CryptoSigner) -> str:
+        self.report(f"dry run: would sign and attach {tag} ({statement['predicateType']}) to {subject.digest[:19]}")
+        return "sha256:" + hashlib.sha256(json.dumps(statement, sort_keys=True).encode()).hexdigest()
+
+    def attach_manifest(self, subject: str, manifest: Manifest, artifact_type: str) -> None:
+        self.report(f"dry run: would attach {manifest.digest[:19]} ({artifact_type}) to {subject[:19]}")
+
+    def delete(self, subject: str, attachments: list[Attachment], envelopes: set[str] | None = None) -> None:
+        for attachment in attachments:
+            self.report(f"dry run: would delete {attachment.digest[:19]} from {subject[:19]}")

@@ -50,16 +50,12 @@ def index_of(tag: str, images: list[tuple[Cell, Manifest]]) -> Manifest:
     way every time (so the same images give the same index digest)."""
     entries = []
     for cell, manifest in images:
-        platform = platforms.of(cell.platform)
-        described = {"architecture": platform.architecture, "os": "linux"}
-        if platform.variant:
-            described["variant"] = platform.variant
         entries.append(
             {
                 "mediaType": manifest.media_type,
                 "digest": manifest.digest,
                 "size": len(manifest.body),
-                "platform": described,
+                "platform": platforms.of(cell.platform).descriptor(),
             }
         )
     document = {

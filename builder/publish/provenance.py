@@ -36,8 +36,7 @@ from securesystemslib import dsse
 from securesystemslib.exceptions import VerificationError
 from securesystemslib.signer import CryptoSigner, SSlibKey
 
-from builder import digests, jsonread, paths
-from builder.assemble import smoke
+from builder import digests, jsonread, paths, verdict
 from builder.config import vex
 from builder.errors import UserError
 from builder.plan.cell import Cell
@@ -228,7 +227,7 @@ def test_result_statement(subject: Subject, report: dict[str, Any]) -> dict[str,
         "name": "torch-selftest-report.json",
         "digest": {"sha256": hashlib.sha256(document).hexdigest()},
         "mediaType": reports.SELFTEST_TYPE,
-        "annotations": {"kind": smoke.report_kind(report), "device": str(report.get("device"))[:120]},
+        "annotations": {"kind": verdict.report_kind(report), "device": str(report.get("device"))[:120]},
     }
     predicate: dict[str, Any] = {"result": result, "configuration": [configuration]}
     for status, field in (("pass", "passedTests"), ("warn", "warnedTests"), ("fail", "failedTests")):

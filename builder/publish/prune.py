@@ -34,8 +34,7 @@ from typing import Any
 
 from securesystemslib.signer import SSlibKey
 
-from builder import digests
-from builder.assemble import smoke
+from builder import digests, verdict
 from builder.errors import UserError
 from builder.oci.registry import Registry
 from builder.plan.cell import Cell
@@ -73,7 +72,12 @@ class _Statement:
 
 
 def prune(
-    registry: Registry, grid: Matrix, cells: list[Cell], report: Report = print, key: SSlibKey | None = None
+    registry: Registry,
+    grid: Matrix,
+    cells: list[Cell],
+    report: Report = print,
+    key: SSlibKey | None = None,
+    dry_run: bool = False,
 ) -> list[Pruned]:
     repository, done = grid.spec.repository, []
     for cell in cells:
@@ -84,13 +88,17 @@ def prune(
                 report(f"{cell.name}: {tag} is not in {registry.host}; nothing to prune")
                 continue
             image_id = str(json.loads(manifest.body).get("config", {}).get("digest", ""))
-            done.append(prune_digest(attachments.Door(registry, repository), tag, manifest.digest, image_id, key))
-            report(_summary(cell, done[-1]))
+            door = attachments.Door(registry, repository)
+            done.append(prune_digest(door, tag, manifest.digest, image_id, key, dry_run))
+            report(("dry run: " if dry_run else "") + _summary(cell, done[-1], dry_run))
     return done
 
 
-def prune_digest(door: attachments.Door, tag: str, digest: str, image_id: str, key: SSlibKey | None = None) -> Pruned:
-    """Delete what one digest's reports no longer need to say; returns what went and what stayed."""
+def prune_digest(
+    door: attachments.Door, tag: str, digest: str, image_id: str, key: SSlibKey | None = None, dry_run: bool = False
+) -> Pruned:
+    """Delete what one digest's reports no longer need to say; returns what went (with `dry_run`,
+    what would go: nothing is deleted) and what stayed."""
     pruned = Pruned(tag, digest)
     listed = door.listed(digest, [reports.SELFTEST_TYPE])
     door.at_most(listed, MAX_ARTIFACTS, digest, "reports", "prune by hand, a few at a time")
@@ -103,7 +111,8 @@ def prune_digest(door: attachments.Door, tag: str, digest: str, image_id: str, k
     about_gone = [s for s in statements if _goes_with(s, going, staying)]
     by_digest = {found.digest: found for found in [*proven, *(s.attachment for s in signed)]}
     deleted = [a.artifact for a in going] + [s.artifact for s in about_gone]
-    door.delete(digest, [by_digest[artifact] for artifact in deleted], {s.envelope for s in about_gone})
+    if not dry_run:
+        door.delete(digest, [by_digest[artifact] for artifact in deleted], {s.envelope for s in about_gone})
     pruned.reports = [a.artifact for a in going]
     pruned.statements = [s.artifact for s in about_gone]
     return pruned
@@ -114,7 +123,7 @@ def _reports(door: attachments.Door, proven: list[attachments.Attachment]) -> li
     found = []
     for attachment in proven:
         try:
-            document = door.document(attachment, smoke.MAX_REPORT_BYTES)
+            document = door.document(attachment, verdict.MAX_REPORT_BYTES)
         except (UserError, LookupError, AttributeError):
             found.append(_Attached(attachment.digest, "", None))  # attached here as a report, and none
             continue
@@ -142,7 +151,7 @@ def _stale(attached: list[_Attached], image_id: str, statements: list[_Statement
     going += [a for a, report in reports_of if report.get("image_id") != image_id]
     named = {document for s in statements for document in _documents_named(s, attached)}
     verified = {document for s in statements if s.verified for document in _documents_named(s, attached)}
-    passes = [(a, r) for a, r in reports_of if a not in going and smoke.why_not_a_pass(r, image_id) is None]
+    passes = [(a, r) for a, r in reports_of if a not in going and verdict.why_not_a_pass(r, image_id) is None]
     for older, report in passes:
         newer = [
             a for a, r in passes
@@ -193,8 +202,9 @@ def _goes_with(statement: _Statement, going: list[_Attached], staying: list[_Att
     return bool(named) and named <= {a.document for a in going} and not named & {a.document for a in staying}
 
 
-def _summary(cell: Cell, pruned: Pruned) -> str:
+def _summary(cell: Cell, pruned: Pruned, dry_run: bool = False) -> str:
+    verb = "would delete" if dry_run else "deleted"
     return (
-        f"{cell.name}: {pruned.tag} ({pruned.digest[:19]}): deleted {len(pruned.reports)} reports and "
+        f"{cell.name}: {pruned.tag} ({pruned.digest[:19]}): {verb} {len(pruned.reports)} reports and "
         f"{len(pruned.statements)} signed statements, kept {pruned.kept} reports"
     )

@@ -25,7 +25,7 @@ import docker
 import docker.errors
 from securesystemslib.signer import CryptoSigner
 
-from builder import confined, jsonread, times
+from builder import confined, jsonread, times, verdict
 from builder.assemble import smoke
 from builder.assemble.build import BUILD_ID_LABEL, local_reference
 from builder.config import platform as platforms
@@ -242,7 +242,7 @@ def attach_attestations(publisher: Publisher, item: Publication) -> None:
         for found in (item.report, item.gpu_report):
             if found:
                 door.attach_signed_report(subject, item.target, about, found, signer)
-                signed.append(f"{smoke.report_kind(found)} self-test")
+                signed.append(f"{verdict.report_kind(found)} self-test")
     if provenance.CYCLONEDX not in have:  # the SBOM the builder made and attached
         cyclonedx = jsonread.loads(made_documents(publisher.images, item)["sbom"], "the SBOM")
         attach_signed_sbom(door, subject, item.target, about, cyclonedx, signer)
@@ -376,6 +376,33 @@ class PublishOptions:
     ca_file: Path | None = None
     insecure: bool = False
     signer: CryptoSigner | None = None
+    dry_run: bool = False  # gate and read the registry, say what would be pushed, write nothing
+
+
+def would_push(publisher: Publisher, items: list[Publication]) -> list[str]:
+    """What pushing the gated `items` would do, read from the registry, in the order it would be
+    done; nothing is written. A form whose tag already holds the image (its config) is pushed
+    again only where it will be signed."""
+    registry, repository, grid = publisher.registry, publisher.repository, publisher.grid
+    forms = [*items, *([zstd_form(grid, item) for item in items] if "zstd" in compressions(grid) else [])]
+    lines = []
+    for form in forms:
+        current = registry.manifest(repository, form.target)
+        holds = current is not None and _config_digest(current) == form.image_id
+        what = f"{form.target} ({form.compression}, image {form.image_id[:19]})"
+        if holds and not publisher.signing:
+            lines.append(f"dry run: {what} already holds this image; would attach what its digest lacks")
+        else:
+            was = f"from {current.digest[:19]}" if current is not None else "new"
+            lines.append(f"dry run: would push {what}, {was}, then attach its SBOM and self-test report")
+        if grid.spec.publish.soci and form.compression == "gzip":
+            lines.append(f"dry run: would make its SOCI index ({grid.spec.publish.soci_index})")
+    for item in (form for form in forms if not form.staging_tag):
+        if multiarch.is_multiarch(grid, item.cell):
+            lines.append(f"dry run: would put the multi-arch index under {item.tag} once every platform is pushed")
+        if item.aliases:
+            lines.append(f"dry run: then would move {', '.join(item.aliases)} to {item.tag}")
+    return [*lines, "dry run: nothing was pushed, attached or written"]
 
 
 def publish(
@@ -394,6 +421,10 @@ def publish(
     gated = gate(engine, grid, cells)
     registry = Registry.reached(grid.spec.registry, options.ca_file, options.insecure)  # after the gate
     publisher = Publisher(registry, grid, report, engine, options.signer)
+    if options.dry_run:
+        for line in would_push(publisher, gated):
+            report(line)
+        return []
     items = push_forms(publisher, gated)
     for item in items:
         attach_missing(publisher, item)
@@ -413,20 +444,40 @@ def attach_missing(publisher: Publisher, item: Publication) -> None:
         publisher.report(f"attaching {', '.join(missing)} to {item.target} ({item.digest[:19]})")
         _push_metadata(publisher, item, missing, documents)
         item.attached = missing
+    if publisher.grid.spec.publish.soci and item.compression == "gzip":
+        _attach_soci(publisher, item)
+
+
+def _attach_soci(publisher: Publisher, item: Publication) -> None:
+    """The SOCI forms `publish.soci_index` asks for that the image lacks: the v1 index attached
+    to its digest (kept only where the team's key named it), and the v2 SOCI-enabled image under
+    `<target>-soci` (kept where it proves to be this image's). One `soci create` serves both."""
+    registry, repository, door = publisher.registry, publisher.repository, publisher.door
+    kind = publisher.grid.spec.publish.soci_index
     key = publisher.signer.public_key if publisher.signer else None
-    if (
-        publisher.grid.spec.publish.soci
-        and item.compression == "gzip"
-        and soci.attached(publisher.door, item, key) is None
-    ):
-        index = soci.attach_index(publisher.door, item.digest, soci.tools(publisher.images), publisher.report)
+    image = registry.manifest(repository, item.digest)
+    enabled_tag = soci.enabled_tag(item.target)
+    want_v1 = kind in ("v1", "both") and soci.attached(door, item, key) is None
+    want_v2 = kind in ("v2", "both") and (
+        image is None or soci.enabled_ztocs(registry, repository, enabled_tag, image) is None
+    )
+    if not (want_v1 or want_v2) or image is None:
+        return
+    index, ztocs = soci.made_index(registry, repository, item.digest, soci.tools(publisher.images), publisher.report)
+    if want_v1:
+        door.attach_manifest(item.digest, index, soci.INDEX_TYPE)
         item.attached = [*item.attached, "SOCI index"]
+        publisher.report(f"{item.target}: SOCI index {index.digest[:19]} attached ({len(ztocs)} layers indexed)")
         if publisher.signer is not None:  # what a later publish keeps: only an index the key names
             about = provenance.Subject(f"{publisher.grid.spec.registry}/{publisher.repository}", item.digest,
                                        item.image_id, item.build_id)  # fmt: skip
-            statement = provenance.soci_index_statement(about, index)
-            publisher.door.attach_statement(_subject(publisher, item), f"{item.target}.soci.att", statement,
-                                            publisher.signer)  # fmt: skip
+            statement = provenance.soci_index_statement(about, index.digest)
+            door.attach_statement(_subject(publisher, item), f"{item.target}.soci.att", statement, publisher.signer)
+    if want_v2:
+        platform = platforms.of(item.cell.platform).descriptor()
+        enabled = soci.push_enabled(registry, repository, image, index, platform, enabled_tag)
+        item.attached = [*item.attached, "SOCI-enabled image"]
+        publisher.report(f"{enabled_tag} -> {enabled[:19]}: the SOCI-enabled image (v2 index, {len(ztocs)} zTOCs)")
 
 
 def finish(publisher: Publisher, items: list[Publication], records: Records | None = None) -> None:
@@ -482,13 +533,13 @@ def _table_row(record: object) -> str | None:
     digest_text = digest[:19] if isinstance(digest, str) and DIGEST_TEXT.fullmatch(digest) else "?"
     platform = markdown_text(record.get("platform", platforms.DEFAULT))
     aliases_text = ", ".join(code_text(a) for a in aliases) or "-"
-    verdict = (
+    selftest_text = (
         f"{markdown_text(selftest.get('status'))} ({markdown_text(selftest.get('passed'))}/"
         f"{markdown_text(selftest.get('checks'))} on {markdown_text(selftest.get('device'))})"
     )
     name = f"{record.get('repository')}:{tag}"
     gpu = _gpu_text(record.get("gpu"))
-    return f"| {code_text(name)} | {platform} | {aliases_text} | `{digest_text}` | {verdict} | {gpu} |"
+    return f"| {code_text(name)} | {platform} | {aliases_text} | `{digest_text}` | {selftest_text} | {gpu} |"
 
 
 def _gpu_text(entry: object) -> str:

@@ -31,7 +31,8 @@ class Publisher:
 
     engine: the engine holding the images (None where a step reads the registry alone: promote).
     signer: the team's private key: signs only what the builder made and pushed (None: unsigned).
-    key: the public key the gates trust (None: they read unsigned reports, and say so)."""
+    key: the public key the gates trust (None: they read unsigned reports, and say so).
+    dry_run: its door reads and writes nothing, saying each write it would make instead."""
 
     registry: Registry
     grid: Matrix
@@ -39,6 +40,7 @@ class Publisher:
     engine: docker.DockerClient | None = None
     signer: CryptoSigner | None = None
     key: SSlibKey | None = None
+    dry_run: bool = False
 
     @property
     def repository(self) -> str:
@@ -47,6 +49,8 @@ class Publisher:
     @property
     def door(self) -> attachments.Door:
         """The one way to the repository's attachments (referrers)."""
+        if self.dry_run:
+            return attachments.DryDoor(self.registry, self.repository, self.report)
         return attachments.Door(self.registry, self.repository)
 
     @property

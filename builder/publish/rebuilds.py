@@ -73,6 +73,13 @@ def stage_rebuild(publisher: Publisher, cells: list[Cell], run: str, record_dir:
                 f"{cell.name}` first"
             ) from None
         tag = rebuild_tag(publisher, cell, run)
+        if publisher.dry_run:
+            same = "the staged one" if rebuilt_id == staged_id else f"not the staged {staged_id[7:19]}"
+            report(f"dry run: would push {tag} (image {rebuilt_id[7:19]}, {same}) and record it; nothing was pushed")
+            results.append(
+                None if rebuilt_id == staged_id else f"rebuilt image {rebuilt_id[7:19]}, staged {staged_id[7:19]}"
+            )
+            continue
         digest = publish.push_engine_image(engine, publisher.registry, publisher.repository, local, tag, report)
         # the engine and backend this machine's build recorded (the image is this engine's)
         builder_name = build.built_by(rebuilt_id) or daemon.description(engine)
@@ -152,4 +159,4 @@ def _sign_form(publisher: Publisher, cell: Cell, compression: str, run: str, ima
                                build_id)  # fmt: skip
     statement = provenance.rebuild_statement(about, engine, provenance.builder_version(), times.iso_utc(time.time()))
     door.attach_statement(manifest, tags.fitted(f"{tag}.rebuild.att"), statement, signer)
-    return f"{compression} signed"
+    return f"{compression} {'would be signed (dry run)' if publisher.dry_run else 'signed'}"

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from builder.assemble import smoke
+from builder import verdict
 from builder.publish import tags
 
 SELFTEST_TYPE = "application/vnd.torch-images.selftest.v1+json"
@@ -39,28 +39,28 @@ class GpuMissing(str):
 
 def gate(reports: list[Any], image_id: str, gpu_gate: str) -> Gated | str:
     """The reports that pass for exactly `image_id`, or why the image may not be tagged."""
-    passing = [r for r in reports if smoke.why_not_a_pass(r, image_id) is None]
+    passing = [r for r in reports if verdict.why_not_a_pass(r, image_id) is None]
     if not passing:
-        reasons = sorted({smoke.why_not_a_pass(r, image_id) or "" for r in reports}) or ["none attached"]
+        reasons = sorted({verdict.why_not_a_pass(r, image_id) or "" for r in reports}) or ["none attached"]
         return f"no passing self-test report for image {image_id[7:19]} ({'; '.join(reasons)})"
     failed_on_gpu = [
         r for r in reports
-        if isinstance(r, dict) and r.get("image_id") == image_id and smoke.report_kind(r) == "gpu"
-        and smoke.why_not_a_gpu_pass(r, image_id) is not None
+        if isinstance(r, dict) and r.get("image_id") == image_id and verdict.report_kind(r) == "gpu"
+        and verdict.why_not_a_gpu_pass(r, image_id) is not None
     ]  # fmt: skip
     # A pass on another device never outvotes a failure; and an optional gate lets an untested
     # image go, never a failed one.
     if failed_on_gpu and gpu_gate != "none":
         devices = sorted({str(r.get("device"))[:60] for r in failed_on_gpu})
-        reasons = sorted({smoke.why_not_a_gpu_pass(r, image_id) or "" for r in failed_on_gpu})
+        reasons = sorted({verdict.why_not_a_gpu_pass(r, image_id) or "" for r in failed_on_gpu})
         return (
             f"its GPU self-test failed on {', '.join(devices)} ({'; '.join(reasons)}); a pass elsewhere does not "
             "outvote it: fix the image, or, if that device was at fault, delete that report from the registry"
         )
-    on_gpu = [r for r in passing if smoke.why_not_a_gpu_pass(r, image_id) is None]
-    build_report = next((r for r in passing if smoke.report_kind(r) == "cpu"), passing[0])
+    on_gpu = [r for r in passing if verdict.why_not_a_gpu_pass(r, image_id) is None]
+    build_report = next((r for r in passing if verdict.report_kind(r) == "cpu"), passing[0])
     if gpu_gate == "required" and not on_gpu:
-        reasons = sorted({smoke.why_not_a_gpu_pass(r, image_id) or "" for r in reports})
+        reasons = sorted({verdict.why_not_a_gpu_pass(r, image_id) or "" for r in reports})
         return GpuMissing(
             f"no passing GPU self-test for image {image_id[7:19]}, which its CUDA tags require "
             f"({'; '.join(reasons)}); run the workflow's GPU stage (`publish gpu-test`) on a GPU runner, "
@@ -70,20 +70,20 @@ def gate(reports: list[Any], image_id: str, gpu_gate: str) -> Gated | str:
 
 
 def artifact_annotations(report: dict[str, Any], build_id: str, tag: str) -> dict[str, str]:
-    kind = smoke.report_kind(report)
+    kind = verdict.report_kind(report)
     device = report.get("device")
     return {
         "org.opencontainers.image.ref.name": tag,
         "io.torch-images.build-id": build_id,
         KIND_ANNOTATION: kind,
-        DEVICE_ANNOTATION: device if isinstance(device, str) and smoke.DEVICE.fullmatch(device) else "unknown",
+        DEVICE_ANNOTATION: device if isinstance(device, str) and verdict.DEVICE.fullmatch(device) else "unknown",
     }
 
 
 def artifact_tag(target: str, report: dict[str, Any]) -> str:
     """`<tag>.selftest` for the build machine's report, `<tag>.selftest-gpu-<model>` for a GPU's,
     so that reports from several devices keep tags of their own."""
-    if smoke.report_kind(report) == "cpu":
+    if verdict.report_kind(report) == "cpu":
         return tags.fitted(f"{target}.selftest")
     model = re.sub(r"[^a-z0-9]+", "-", str(report.get("device", "")).lower()).strip("-") or "unknown"
     return tags.fitted(f"{target}.selftest-gpu-{model}")
@@ -102,4 +102,4 @@ def record_entry(gpu_gate: str, gpu_report: dict[str, Any] | None) -> dict[str, 
         return None
     if gpu_report is None:
         return {"status": "not tested", "gate": gpu_gate}
-    return {"status": "pass", "gate": gpu_gate, **smoke.gpu_figures(gpu_report)}
+    return {"status": "pass", "gate": gpu_gate, **verdict.gpu_figures(gpu_report)}

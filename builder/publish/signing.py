@@ -18,8 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from builder import confined, jsonread
-from builder.assemble import smoke
+from builder import confined, jsonread, verdict
 from builder.errors import UserError
 from builder.oci.registry import IMAGE_TYPES, Manifest, Registry
 from builder.plan.cell import Cell
@@ -121,12 +120,13 @@ def _sign_form(publisher: Publisher, cell: Cell, run: str, compression: str, sta
         if _as_signed(document, about) in reports_signed:  # a rerun, or sign-gpu after sign
             continue
         door.attach_signed_report(manifest, tag, about, document, signer)
-        signed.append(f"{smoke.report_kind(document)} self-test ({document.get('status')})")
+        signed.append(f"{verdict.report_kind(document)} self-test ({document.get('status')})")
     gpu_report = staging.read_gpu_report(staged_record, tag)
     if gpu_report is not None and _as_signed(gpu_report, about) not in reports_signed:  # not a rerun
         target = cell.tag + tag_suffix(compression)
         signed.append(_sign_gpu_report(publisher, manifest, tag, target, about, gpu_report))
-    return f"{cell.name}: signed {', '.join(signed) or 'nothing new'} for {tag} ({manifest.digest[:19]})"
+    verb = "dry run: would sign" if publisher.dry_run else "signed"
+    return f"{cell.name}: {verb} {', '.join(signed) or 'nothing new'} for {tag} ({manifest.digest[:19]})"
 
 
 def _sign_gpu_report(
@@ -164,7 +164,7 @@ def _attached_document(publisher: Publisher, manifest: Manifest, kind: str, dige
             f"{manifest.digest[:19]}: the run recorded attaching a {kind} document {digest[:19]}, and none with those "
             "bytes is attached to it; nothing more signed"
         )
-    limit = MAX_SBOM_BYTES if kind == "sbom" else smoke.MAX_REPORT_BYTES
+    limit = MAX_SBOM_BYTES if kind == "sbom" else verdict.MAX_REPORT_BYTES
     document = door.document(found, limit)
     if kind != "sbom" and "sha256:" + hashlib.sha256(reports.document_bytes(document)).hexdigest() != digest:
         raise UserError(f"{manifest.digest[:19]}: its {kind} document {digest[:19]} is not in the builder's form")

@@ -1,5 +1,15 @@
-"""A SOCI index beside an image's gzip form (`publish.soci: true`): what lets a node running
+"""A SOCI index for an image's gzip form (`publish.soci: true`): what lets a node running
 soci-snapshotter start the image before it has pulled it (docs/using-images.md).
+
+Two forms (`publish.soci_index`): v2 (the default; what soci-snapshotter v0.10 and later load
+by default) is a SOCI-enabled image under `<tag>-soci`, as `soci convert` makes it: an OCI index
+of the image's manifest, annotated with the SOCI index's digest, and the SOCI index (config type
+`...soci.index.v2+json`, no subject), annotated with that manifest's digest. The image's config,
+and so its image ID, and its layers are the same; only the manifest's annotations differ. v1
+(for snapshotters before v0.10, or later ones with `[pull_modes.soci_v1]`) is a referrer of the
+image's own manifest. The zTOCs are the same in both. Soci 0.4.1, the newest packaged, makes v1
+only: the v2 form is written here from v1's zTOCs, after soci-snapshotter's own code
+(soci/soci_index.go, soci/convert.go).
 
 The index is made by AWS's `soci` CLI (from PATH, else Debian's soci-snapshotter package, pinned
 in data/tools.yaml and fetched into the cache by its sha256) from the gzip form as
@@ -34,13 +44,29 @@ from securesystemslib.signer import SSlibKey
 from builder import jsonread
 from builder.engine import privilege
 from builder.errors import UserError
-from builder.oci.registry import DIGEST, EMPTY_CONFIG, IMAGE_TYPES, OCI_MANIFEST, Manifest, Registry, sha256_digest
+from builder.oci.registry import (
+    DIGEST,
+    EMPTY_CONFIG,
+    IMAGE_TYPES,
+    OCI_INDEX,
+    OCI_MANIFEST,
+    Manifest,
+    Registry,
+    sha256_digest,
+)
 from builder.progress import Report
 from builder.publish import attachments, provenance
 from builder.publish.publication import Publication
 from builder.wheelhouse import tools as pinned_tools
 
 INDEX_TYPE = "application/vnd.amazon.soci.index.v1+json"  # the index's config type: its artifactType
+V2_INDEX_TYPE = "application/vnd.amazon.soci.index.v2+json"
+INDEX_DIGEST_ANNOTATION = "com.amazon.soci.index-digest"  # on the SOCI-enabled image's manifest
+MANIFEST_DIGEST_ANNOTATION = "com.amazon.soci.image-manifest-digest"  # on the SOCI index's descriptor
+LAYER_TYPE_ANNOTATION = "com.amazon.soci.image-layer-mediaType"
+BUILD_TOOL_ANNOTATION = "com.amazon.soci.build-tool-identifier"
+ENABLED_SUFFIX = "-soci"  # the SOCI-enabled image's tag: `<tag>-soci`, as soci's own docs name it
+OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 ZTOC_TYPE = "application/octet-stream"
 LAYER_ANNOTATION = "com.amazon.soci.image-layer-digest"
 NAMESPACE = "torch-images-soci"  # containerd's namespace for the images indexed, apart from Docker's
@@ -159,9 +185,19 @@ def attached(door: attachments.Door, item: Publication, key: SSlibKey | None) ->
 
 
 def attach_index(door: attachments.Door, digest: str, found: Tools, report: Report) -> str:
-    """Make the SOCI index of the image `repository@digest` and push it, a referrer of the
+    """Make the v1 SOCI index of the image `repository@digest` and push it, a referrer of the
     image's manifest; returns the index's digest."""
-    registry, repository = door.registry, door.repository
+    index, ztocs = made_index(door.registry, door.repository, digest, found, report)
+    door.attach_manifest(digest, index, INDEX_TYPE)
+    report(f"{door.repository}@{digest[:19]}: SOCI index {index.digest[:19]} attached ({len(ztocs)} layers indexed)")
+    return index.digest
+
+
+def made_index(
+    registry: Registry, repository: str, digest: str, found: Tools, report: Report
+) -> tuple[Manifest, list[str]]:
+    """soci's v1 index of the image `repository@digest`, checked to be this image's, with its
+    zTOCs (and the index's empty config) pushed to the repository; the index itself is not."""
     image = registry.manifest(repository, digest)
     layers = json.loads(image.body).get("layers", []) if image is not None else []
     if (
@@ -186,9 +222,140 @@ def attach_index(door: attachments.Door, digest: str, found: Tools, report: Repo
             finally:
                 found.soci_command("index", "rm", index_digest)
     registry.upload_blob(repository, EMPTY_CONFIG)  # the index's config
-    door.attach_manifest(digest, index, INDEX_TYPE)
-    report(f"{repository}@{digest[:19]}: SOCI index {index.digest[:19]} attached ({len(ztocs)} layers indexed)")
-    return index.digest
+    return index, ztocs
+
+
+# ---------------------------------------------------------------- v2: the SOCI-enabled image
+
+
+def enabled_tag(target: str) -> str:
+    """The tag of the SOCI-enabled form of the image under `target`."""
+    return target + ENABLED_SUFFIX
+
+
+def v2_index(v1_index: Manifest, image: Manifest) -> Manifest:
+    """The v2 SOCI index with v1's zTOCs: the config of v2's type, no subject, and each zTOC
+    naming its layer's media type as well as its digest (soci_index.go's buildSociLayer)."""
+    index, layer_types = json.loads(v1_index.body), _layer_types(image)
+    ztocs = []
+    for entry in index["layers"]:
+        annotations = dict(entry.get("annotations") or {})
+        annotations[LAYER_TYPE_ANNOTATION] = layer_types[annotations[LAYER_ANNOTATION]]
+        ztocs.append({"mediaType": ZTOC_TYPE, "digest": entry["digest"], "size": entry["size"],
+                      "annotations": annotations})  # fmt: skip
+    tool = (index.get("annotations") or {}).get(BUILD_TOOL_ANNOTATION, "torch-images")
+    document = {
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "config": {"mediaType": V2_INDEX_TYPE, "digest": EMPTY_CONFIG_DIGEST, "size": len(EMPTY_CONFIG)},
+        "layers": ztocs,
+        "annotations": {BUILD_TOOL_ANNOTATION: str(tool)},
+    }
+    return Manifest.of(_canonical(document), OCI_MANIFEST)
+
+
+def enabled_manifest(image: Manifest, index: Manifest) -> Manifest:
+    """The image's manifest as soci convert writes it into the SOCI-enabled image: OCI media
+    types, and an annotation naming the SOCI index. Its config and layers are the image's."""
+    document = json.loads(image.body)
+    document["mediaType"] = OCI_MANIFEST
+    document["config"] = {**document["config"], "mediaType": OCI_CONFIG}
+    document["annotations"] = {**(document.get("annotations") or {}), INDEX_DIGEST_ANNOTATION: index.digest}
+    return Manifest.of(_canonical(document), OCI_MANIFEST)
+
+
+def enabled_image(manifest: Manifest, index: Manifest, platform: dict[str, str]) -> Manifest:
+    """The OCI index soci convert makes of a single-platform image: the annotated manifest, then
+    the SOCI index, each with the image's platform and naming the other."""
+    document = {
+        "schemaVersion": 2,
+        "mediaType": OCI_INDEX,
+        "manifests": [
+            {"mediaType": OCI_MANIFEST, "digest": manifest.digest, "size": len(manifest.body),
+             "annotations": {INDEX_DIGEST_ANNOTATION: index.digest}, "platform": platform},
+            {"mediaType": OCI_MANIFEST, "artifactType": V2_INDEX_TYPE, "digest": index.digest,
+             "size": len(index.body), "annotations": {MANIFEST_DIGEST_ANNOTATION: manifest.digest},
+             "platform": platform},
+        ],
+    }  # fmt: skip
+    return Manifest.of(_canonical(document), OCI_INDEX)
+
+
+def push_enabled(
+    registry: Registry, repository: str, image: Manifest, v1_index: Manifest, platform: dict[str, str], tag: str
+) -> str:
+    """Push the SOCI-enabled image of `image` (whose zTOCs `v1_index` names, already pushed)
+    under `tag`: the SOCI index and the annotated manifest by digest, then the index under the
+    tag, last, so the tag never names a part that is not there. Returns the index's digest."""
+    index = v2_index(v1_index, image)
+    manifest = enabled_manifest(image, index)
+    registry.put_manifest(repository, index.digest, index)
+    registry.put_manifest(repository, manifest.digest, manifest)
+    enabled = enabled_image(manifest, index, platform)
+    registry.put_manifest(repository, tag, enabled)
+    return enabled.digest
+
+
+def enabled_ztocs(registry: Registry, repository: str, tag: str, image: Manifest) -> list[str] | None:
+    """The zTOCs of the SOCI-enabled image under `tag` where it is one of `image` (its manifest
+    entry has the image's config and layers and names the SOCI index, whose zTOCs each index one
+    of those layers and are in the repository), else None."""
+    enabled = registry.manifest(repository, tag)
+    try:
+        if enabled is None:
+            return None
+        entries = jsonread.loads(enabled.body, f"{repository}:{tag}").get("manifests")
+        [manifest_entry, index_entry] = entries
+        manifest = registry.manifest(repository, str(manifest_entry["digest"]))
+        index = registry.manifest(repository, str(index_entry["digest"]))
+        if manifest is None or index is None or index_entry.get("artifactType") != V2_INDEX_TYPE:
+            return None
+        ztocs = check_enabled(jsonread.loads(manifest.body, tag), jsonread.loads(index.body, tag), image, index)
+    except (UserError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return ztocs if all(registry.has_blob(repository, ztoc) for ztoc in ztocs) else None
+
+
+def check_enabled(manifest: Any, index: Any, image: Manifest, index_manifest: Manifest) -> list[str]:
+    """The zTOC digests of a SOCI-enabled image's two parts, once shown to be `image`'s: the
+    manifest has the image's config and layers and names this SOCI index; the index is v2's
+    (config, no subject) and each zTOC indexes one of the image's layers, naming its type."""
+    where = f"the SOCI-enabled form of {image.digest[:19]}"
+    original = json.loads(image.body)
+    if not isinstance(manifest, dict) or (manifest.get("config") or {}).get("digest") != original["config"]["digest"]:
+        raise UserError(f"{where}: its manifest has another config than the image")
+    if [layer.get("digest") for layer in manifest.get("layers") or []] != [
+        layer["digest"] for layer in original["layers"]
+    ]:
+        raise UserError(f"{where}: its manifest has other layers than the image")
+    if (manifest.get("annotations") or {}).get(INDEX_DIGEST_ANNOTATION) != index_manifest.digest:
+        raise UserError(f"{where}: its manifest does not name its SOCI index")
+    if not isinstance(index, dict) or "subject" in index:
+        raise UserError(f"{where}: its SOCI index has a subject, which v2's has not")
+    # v1's checks but for the config's type and the subject, which v2 replaces by the annotations
+    as_v1 = {
+        **index,
+        "config": {**(index.get("config") or {}), "mediaType": INDEX_TYPE},
+        "subject": {"digest": image.digest},
+    }
+    if (index.get("config") or {}).get("mediaType") != V2_INDEX_TYPE:
+        raise UserError(f"{where}: its SOCI index's config is not {V2_INDEX_TYPE}")
+    ztocs = check_index(as_v1, image)
+    types = _layer_types(image)
+    for entry in index["layers"]:
+        annotations = entry["annotations"]
+        if annotations.get(LAYER_TYPE_ANNOTATION) != types[annotations[LAYER_ANNOTATION]]:
+            raise UserError(f"{where}: a zTOC names another media type than its layer's")
+    return ztocs
+
+
+def _layer_types(image: Manifest) -> dict[str, str]:
+    return {str(layer["digest"]): str(layer["mediaType"]) for layer in json.loads(image.body)["layers"]}
+
+
+def _canonical(document: dict[str, Any]) -> bytes:
+    """One encoding of a document this module writes: its digest is the same on every run."""
+    return json.dumps(document, separators=(",", ":")).encode()
 
 
 def _fetch_layout(registry: Registry, repository: str, image: Manifest, folder: Path, name: str) -> Path:

@@ -21,16 +21,17 @@ from typing import Any
 
 import docker
 
-from builder import confined, jsonread
+from builder import confined, jsonread, verdict
 from builder.assemble import build, smoke
 from builder.assemble.build import BUILD_ID_LABEL
 from builder.config import grammar
 from builder.engine import ids
 from builder.errors import UserError
-from builder.oci.registry import IMAGE_TYPES, Registry
+from builder.oci.registry import IMAGE_TYPES, Manifest, Registry
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
-from builder.publish import existing, multiarch, publish, reports, tags, trust
+from builder.progress import Report
+from builder.publish import existing, multiarch, publish, reports, soci, tags, trust
 from builder.publish.publication import Publication, tag_suffix
 from builder.publish.publish import ARTIFACT_TYPES
 from builder.publish.publisher import Publisher, Records
@@ -97,16 +98,23 @@ def check_run(run: str) -> str:
     return run
 
 
-def stage(publisher: Publisher, cells: list[Cell], run: str) -> list[Publication]:
+def stage(publisher: Publisher, cells: list[Cell], run: str, dry_run: bool = False) -> list[Publication]:
     """Push each cell built here under its staging tag, its SBOM and report attached (signed
     where the publisher signs); a cell not built here whose build is published is staged by
-    naming that manifest."""
+    naming that manifest. With `dry_run`, say what would be pushed and push nothing."""
     check_run(run)  # one platform at a time is fine here: the index is made only at promotion
     engine, grid = publisher.images, publisher.grid
     local = [c for c in cells if _built_here(engine, grid, c)]
     gated = publish.gate(engine, grid, local)
     for item in gated:
         item.staging_tag = staging_tag(grid, item.cell, run)
+    if dry_run:
+        lines = publish.would_push(publisher, gated)
+        lines[-1:-1] = [f"dry run: {c.name} is not built here: would stage its published build" for c in cells
+                        if c not in local]  # fmt: skip
+        for line in lines:
+            publisher.report(line)
+        return []
     # and the zstd forms, where asked (made again, not taken from the cache, when they will be signed)
     items = publish.push_forms(publisher, gated)
     for item in items:
@@ -190,12 +198,21 @@ def gpu_test(
                                 f"{evidence.provenance_problem}; not tested, nothing attached")  # fmt: skip
             # A digest a merge did not change already carries the key's passing GPU report: testing
             # it again would only add one more report per run, up to the cap the gates refuse past.
-            passed_on = [r for r in evidence.reports if smoke.why_not_a_gpu_pass(r, image_id) is None]
+            passed_on = [r for r in evidence.reports if verdict.why_not_a_gpu_pass(r, image_id) is None]
             if passed_on:
                 report(f"{cell.name}: {manifest.digest[:19]} already carries a GPU pass signed by the key "
                        f"({passed_on[0].get('device')}); not tested again")  # fmt: skip
                 results.append(None)
                 continue
+        if publisher.dry_run:
+            then = [
+                *([f"keep its report in {staged_record}"] if staged_record else []),
+                *(["attach it"] if attach else []),
+            ]
+            report(f"dry run: would self-test {forms[0][0]} ({manifest.digest[:19]}) with every GPU here, then "
+                   f"{' and '.join(then)}; nothing was run or written")  # fmt: skip
+            results.append(None)
+            continue
         result, build_id = _test_on_gpus(publisher, cell, manifest, image_id)
         if staged_record is not None:
             for tag, form, _ in forms:
@@ -203,10 +220,10 @@ def gpu_test(
         if attach:
             for (tag, form, _), compression in zip(forms, publish.compressions(grid), strict=True):
                 publisher.door.attach_report(form, tag, result, build_id, cell.tag + tag_suffix(compression))
-        why = smoke.why_not_a_gpu_pass(result, image_id)
-        verdict = "pass" if why is None else f"not a pass: {why}"
+        why = verdict.why_not_a_gpu_pass(result, image_id)
+        judged = "pass" if why is None else f"not a pass: {why}"
         where = "attached to " + ", ".join(f[1].digest[:19] for f in forms) if attach else f"kept in {staged_record}"
-        report(f"{cell.name}: GPU self-test {verdict}, {where}")
+        report(f"{cell.name}: GPU self-test {judged}, {where}")
         results.append(why)
     return results
 
@@ -249,7 +266,7 @@ def _test_on_gpus(publisher: Publisher, cell: Cell, manifest: Any, image_id: str
     return result.report, str((pulled.labels or {}).get(BUILD_ID_LABEL, ""))
 
 
-GPU_REPORT_RECORD_BYTES = smoke.MAX_REPORT_BYTES + (4 << 10)
+GPU_REPORT_RECORD_BYTES = verdict.MAX_REPORT_BYTES + (4 << 10)
 
 
 def write_gpu_report(directory: Path, tag: str, digest: str, report: dict[str, Any]) -> Path:
@@ -269,7 +286,7 @@ def read_gpu_report(directory: Path, tag: str) -> dict[str, Any] | None:
         return None
     record = jsonread.loads(confined.read_bytes(path, GPU_REPORT_RECORD_BYTES), str(path))
     report = record.get("report") if isinstance(record, dict) and record.get("tag") == tag else None
-    if not isinstance(report, dict) or smoke.report_kind(report) != "gpu":
+    if not isinstance(report, dict) or verdict.report_kind(report) != "gpu":
         raise UserError(f"{path}: not a GPU report of {tag}; write what `publish gpu-test --staged-record` wrote")
     return report
 
@@ -357,10 +374,16 @@ def required_rebuilds(grid: Matrix) -> int:
 
 
 def promote(
-    publisher: Publisher, cells: list[Cell], run: str, records: Records | None = None, staged_record: Path | None = None
+    publisher: Publisher,
+    cells: list[Cell],
+    run: str,
+    records: Records | None = None,
+    staged_record: Path | None = None,
+    dry_run: bool = False,
 ) -> list[Publication]:
     """Move each cell's versioned tags to its staged image once the gate, read from the registry
-    alone (signed evidence only, with the publisher's key), lets every one of them move."""
+    alone (signed evidence only, with the publisher's key), lets every one of them move. With
+    `dry_run`, the gate runs as it would and the moves are said, and nothing is written."""
     registry, grid, report = publisher.registry, publisher.grid, publisher.report
     if publisher.key is None:
         report(
@@ -375,7 +398,14 @@ def promote(
             )
     items = gate_in_registry(publisher, cells, run, staged_record)
     repository = grid.spec.repository
+    if dry_run:
+        for line in _would_promote(publisher, items):
+            report(line)
+        return []
+    enabled = _staged_enabled_images(publisher, items, run)  # before anything moves
     for item in items:
+        if item.target in enabled:
+            _move(registry, repository, soci.enabled_tag(item.target), enabled[item.target], report)
         current = registry.manifest(repository, item.target)
         if current is not None and current.digest == item.digest:
             item.unchanged = True
@@ -390,6 +420,51 @@ def promote(
     multiarch.push_indexes(registry, grid, items, report)
     publish.finish(publisher, items, records)
     return items
+
+
+def _staged_enabled_images(publisher: Publisher, items: list[Publication], run: str) -> dict[str, Manifest]:
+    """With `publish.soci` v2: each gzip item's SOCI-enabled image as staged (`<staging tag>-soci`),
+    shown to be the staged image's; a missing or foreign one stops the promote before any move."""
+    spec, registry, repository = publisher.grid.spec.publish, publisher.registry, publisher.repository
+    if not spec.soci or spec.soci_index == "v1":
+        return {}
+    found = {}
+    for item in (i for i in items if i.compression == "gzip"):
+        staged_tag = soci.enabled_tag(staging_tag(publisher.grid, item.cell, run, item.compression))
+        image = registry.manifest(repository, item.digest)
+        enabled = registry.manifest(repository, staged_tag)
+        if image is None or enabled is None or soci.enabled_ztocs(registry, repository, staged_tag, image) is None:
+            raise UserError(
+                f"{repository}:{staged_tag} is not the SOCI-enabled form of the staged image (publish.soci); run "
+                "`publish stage` again; nothing moved"
+            )
+        found[item.target] = enabled
+    return found
+
+
+def _move(registry: Registry, repository: str, tag: str, manifest: Manifest, report: Report) -> None:
+    current = registry.manifest(repository, tag)
+    if current is None or current.digest != manifest.digest:
+        registry.put_manifest(repository, tag, manifest)
+        report(f"{tag} -> {manifest.digest[:19]}")
+
+
+def _would_promote(publisher: Publisher, items: list[Publication]) -> list[str]:
+    """What promote would move, in the order it would: the versioned tags, then the aliases."""
+    registry, repository = publisher.registry, publisher.repository
+    lines = []
+    for item in items:
+        current = registry.manifest(repository, item.target)
+        was = current.digest[:19] if current else "nothing"
+        same = current is not None and current.digest == item.digest
+        lines.append(
+            f"dry run: {item.target}: {'stays at' if same else f'would move from {was} to'} {item.digest[:19]}"
+        )
+    for tag, item in {item.tag: item for item in items}.items():
+        points = "its multi-arch index" if multiarch.is_multiarch(publisher.grid, item.cell) else tag
+        if item.aliases:
+            lines.append(f"dry run: then {', '.join(item.aliases)} would point at {points}")
+    return [*lines, "dry run: nothing was written"]
 
 
 def _name_artifacts(registry: Registry, repository: str, item: Publication, staged: str) -> None:

@@ -10,14 +10,14 @@ artifact is checked to name this digest as its subject, and each report to name 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from securesystemslib.signer import SSlibKey
 
-from builder import jsonread
-from builder.assemble import smoke
+from builder import jsonread, verdict
 from builder.assemble.build import BUILD_ID_LABEL
 from builder.config import grammar
 from builder.errors import UserError
@@ -166,7 +166,7 @@ def _artifacts(door: attachments.Door, subject: Manifest, found: ImageFindings) 
     for entry in read:
         try:  # one bad artifact is a finding, not the end of the listing
             attachment = door.read(subject.digest, str(entry.get("digest", "")), READ_TYPES)
-            body = door.document(attachment, smoke.MAX_REPORT_BYTES)
+            body = door.document(attachment, verdict.MAX_REPORT_BYTES)
         except UserError as error:
             found.problems.append(error.message)
             continue
@@ -201,22 +201,22 @@ def _check_reports(artifacts: list[Artifact], found: ImageFindings, gpu_gate: st
     passing_gpu = False
     for artifact in artifacts:
         report = artifact.document
-        why = smoke.why_not_a_pass(report, found.image_id)
+        why = verdict.why_not_a_pass(report, found.image_id)
         found_checks, found_device = report.get("checks"), report.get("device")
         checks: list[Any] = found_checks if isinstance(found_checks, list) else []
         passed = sum(1 for c in checks if isinstance(c, dict) and c.get("status") == "pass")
         device = found_device if isinstance(found_device, str) else "?"
-        where = f"{smoke.report_kind(report)} report on {quoted(device)}"
+        where = f"{verdict.report_kind(report)} report on {quoted(device)}"
         if why is not None:
             found.lines.append(f"{where}: NOT a pass ({quoted(why, 300)})")
             found.problems.append(f"{where}: {quoted(why, 300)}")
             continue
         text = f"{where}: pass, {passed}/{len(checks)} checks passed"
-        if smoke.report_kind(report) == "gpu":
-            gpu_why = smoke.why_not_a_gpu_pass(report, found.image_id)
+        if verdict.report_kind(report) == "gpu":
+            gpu_why = verdict.why_not_a_gpu_pass(report, found.image_id)
             if gpu_why is None:
                 passing_gpu = True
-                figures = smoke.gpu_figures(report)
+                figures = verdict.gpu_figures(report)
                 text += f"; sm {quoted(figures['capability'], 20)}, driver {quoted(figures['driver'], 40)}, " + (
                     f"bf16 matmul {figures['matmul_bf16_fraction_of_peak']:.0%} of peak"
                     if figures["gated"] and figures["matmul_bf16_fraction_of_peak"] is not None
@@ -272,6 +272,74 @@ def _plain(value: object, grammar_: grammar.Grammar) -> str:
     return value if isinstance(value, str) and grammar_.matches(value) else ""
 
 
+@dataclass(frozen=True)
+class SignedPredicate:
+    """One verified statement's predicate, as a reader gets it."""
+
+    predicate_type: str
+    predicate: dict[str, Any]
+    where: str  # "attestation 3 (...)": how lines about it begin
+
+
+def _read_provenance(signed: SignedPredicate, found: ImageFindings, grid: Matrix | None) -> set[str]:
+    _check_provenance(signed.predicate, found, grid)
+    return {"provenance"}
+
+
+def _read_selftest(signed: SignedPredicate, found: ImageFindings, grid: Matrix | None) -> set[str]:
+    why = verdict.why_not_a_pass(signed.predicate, found.image_id)
+    if why is not None:
+        found.problems.append(f"{signed.where}: the signed report is not a pass ({quoted(why, 300)})")
+        return set()
+    kind = "gpu" if verdict.why_not_a_gpu_pass(signed.predicate, found.image_id) is None else "cpu"
+    found.lines.append(f"signed {kind} self-test on {quoted(signed.predicate.get('device'))}: pass")
+    return {f"{kind} self-test"}
+
+
+def _read_rebuild(signed: SignedPredicate, found: ImageFindings, grid: Matrix | None) -> set[str]:
+    found.lines.append("a rebuild signed by the given key: not counted (rebuilders sign with their own)")
+    return set()  # the team's key vouches for no rebuild
+
+
+def _read_vex(signed: SignedPredicate, found: ImageFindings, grid: Matrix | None) -> set[str]:
+    statements = signed.predicate.get("statements")
+    named = [s.get("vulnerability", {}).get("name") for s in statements or [] if isinstance(s, dict)]
+    found.lines.append(f"signed VEX: not affected by {', '.join(quoted(n, 40) for n in named[:10]) or 'nothing'}")
+    return set()
+
+
+def _read_sbom(signed: SignedPredicate, found: ImageFindings, grid: Matrix | None) -> set[str]:
+    listed = "components" if signed.predicate_type == provenance.CYCLONEDX else "packages"
+    components = signed.predicate.get(listed)
+    count = len(components) if isinstance(components, list) else 0
+    found.lines.append(f"signed SBOM ({signed.predicate_type}): {count} components")
+    return set()
+
+
+def _read_test_result(signed: SignedPredicate, found: ImageFindings, grid: Matrix | None) -> set[str]:
+    configuration = signed.predicate.get("configuration")
+    first = configuration[0] if isinstance(configuration, list) and configuration else {}
+    notes = first.get("annotations") if isinstance(first, dict) else None
+    notes = notes if isinstance(notes, dict) else {}
+    found.lines.append(
+        f"signed test result ({provenance.TEST_RESULT}): {quoted(signed.predicate.get('result'), 20)}, "
+        f"{quoted(notes.get('kind'), 8)} on {quoted(notes.get('device'))}"
+    )
+    return set()
+
+
+# What verify says of each kind of signed statement, and which kinds of evidence it counts.
+PREDICATE_READERS: dict[str, Callable[[SignedPredicate, ImageFindings, Matrix | None], set[str]]] = {
+    provenance.PROVENANCE: _read_provenance,
+    provenance.SELFTEST: _read_selftest,
+    provenance.REBUILD: _read_rebuild,
+    provenance.OPENVEX: _read_vex,
+    provenance.CYCLONEDX: _read_sbom,
+    provenance.SPDX: _read_sbom,
+    provenance.TEST_RESULT: _read_test_result,
+}
+
+
 def _check_attestations(
     envelopes: list[Artifact], found: ImageFindings, grid: Matrix | None, key: SSlibKey, gpu_gate: str
 ) -> None:
@@ -306,41 +374,10 @@ def _check_attestations(
         except UserError as error:
             found.problems.append(f"{where}: {error.message}")
             continue
-        predicate_type, predicate = statement.get("predicateType"), statement["predicate"]
-        if predicate_type == provenance.PROVENANCE:
-            kinds.add("provenance")
-            _check_provenance(predicate, found, grid)
-        elif predicate_type == provenance.SELFTEST:
-            why = smoke.why_not_a_pass(predicate, found.image_id)
-            if why is not None:
-                found.problems.append(f"{where}: the signed report is not a pass ({quoted(why, 300)})")
-                continue
-            kind = "gpu" if smoke.why_not_a_gpu_pass(predicate, found.image_id) is None else "cpu"
-            kinds.add(f"{kind} self-test")
-            found.lines.append(f"signed {kind} self-test on {quoted(predicate.get('device'))}: pass")
-        elif predicate_type == provenance.REBUILD:  # the team's key vouches for no rebuild: not counted
-            found.lines.append("a rebuild signed by the given key: not counted (rebuilders sign with their own)")
-        elif predicate_type == provenance.OPENVEX:
-            statements = predicate.get("statements")
-            named = [s.get("vulnerability", {}).get("name") for s in statements or [] if isinstance(s, dict)]
-            found.lines.append(
-                f"signed VEX: not affected by {', '.join(quoted(n, 40) for n in named[:10]) or 'nothing'}"
-            )
-        elif predicate_type in (provenance.CYCLONEDX, provenance.SPDX):
-            components = (
-                predicate.get("components") if predicate_type == provenance.CYCLONEDX else predicate.get("packages")
-            )
-            count = len(components) if isinstance(components, list) else 0
-            found.lines.append(f"signed SBOM ({predicate_type}): {count} components")
-        elif predicate_type == provenance.TEST_RESULT:
-            configuration = predicate.get("configuration")
-            first = configuration[0] if isinstance(configuration, list) and configuration else {}
-            notes = first.get("annotations") if isinstance(first, dict) else None
-            notes = notes if isinstance(notes, dict) else {}
-            found.lines.append(
-                f"signed test result ({provenance.TEST_RESULT}): {quoted(predicate.get('result'), 20)}, "
-                f"{quoted(notes.get('kind'), 8)} on {quoted(notes.get('device'))}"
-            )
+        predicate_type, predicate = str(statement.get("predicateType")), statement["predicate"]
+        reader = PREDICATE_READERS.get(predicate_type)
+        if reader is not None:
+            kinds |= reader(SignedPredicate(predicate_type, predicate, where), found, grid)
     if quorum:
         found.lines.append(f"rebuilder keys whose signed rebuild gave this image ID: {trust.agreement_line(agreed)}")
     required = grid.spec.publish.require_rebuilds if grid is not None else 0

@@ -179,9 +179,12 @@ def _relative(path: Path) -> str:
 
 
 def schedule(grid: Matrix, system: str) -> str:
-    """The daily security job: audit, update --security, and a pull (merge) request when a lock moved."""
+    """The daily jobs: audit, update --security, and a pull (merge) request when a lock moved; with
+    the matrix's `follow:` key also update --releases, and a pull request when the matrix moved (an
+    issue when it only proposes a base)."""
     values = {
         **_files(grid, system),
+        "follow_releases": grid.spec.follow is not None,
         "runner": RUNNERS["linux/amd64"],
         "actions": pinned_actions(),
         "schedule_file": GITLAB_SCHEDULE_FILE,

@@ -67,7 +67,11 @@ def test_prune_on_the_referrers_tag_deletes_nothing_the_team_signed_for_a_look_a
     statements = {e["digest"] for e in door.listed(subject.digest, provenance.SIGNED_TYPES)}
     assert len(statements) == 4
 
+    listed_before = door.listed(subject.digest)
+    would = prune.prune_digest(door, "t", subject.digest, image_id, signer.public_key, dry_run=True)
+    assert door.listed(subject.digest) == listed_before  # a dry run deletes nothing
     pruned = prune.prune_digest(door, "t", subject.digest, image_id, signer.public_key)
+    assert (would.reports, would.statements) == (pruned.reports, pruned.statements)  # and says what will go
 
     # Only the team's older pass went, with its two statements; the team's newest pass, both its
     # statements and the strangers' reports (which supersede nothing and are superseded by nothing

@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from securesystemslib.signer import CryptoSigner
 
-from builder import cli
+from builder import cli, verdict
 from builder.assemble import build, smoke
 from builder.config import vex
 from builder.errors import UserError
@@ -45,6 +45,7 @@ from builder.publish.publisher import Publisher, Records
 from builder.wheelhouse import wheelhouse
 from harness import lazy, loopback, registry_fixtures, verifiers
 from tests.integration.conftest import BuiltCell, RunningRegistry
+from tests.support.reports import dressed_as_gpu_pass
 
 pytestmark = pytest.mark.integration
 
@@ -97,6 +98,15 @@ def test_publish_pushes_the_verified_tag_then_aliases_and_the_pulled_image_passe
 ) -> None:
     assert smoke_result.status == "pass"
     registry = start_registry()
+    # First a dry run: the gate and the registry read, what would happen said, nothing written.
+    said: list[str] = []
+    dry = publish.PublishOptions(Records(tmp_path / "records", tmp_path / "README.md"), dry_run=True)
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "no-docker-config"))
+    assert publish.publish(built.client, _grid_for(built, registry), [built.cell], said.append, dry) == []
+    assert f"dry run: would push {built.cell.tag} (gzip, image {built.image_id[:19]}), new, then attach its SBOM " \
+           "and self-test report" in said  # fmt: skip
+    assert f"dry run: then would move {', '.join(built.cell.aliases)} to {built.cell.tag}" in said
+    assert registry.api().manifest("torch", built.cell.tag) is None and not (tmp_path / "records").exists()
     [item] = _publish(built, registry, tmp_path, monkeypatch)
     api = registry.api()
     tagged = api.manifest("torch", built.cell.tag)
@@ -320,8 +330,12 @@ def test_ci_stages_each_cell_then_promotes_from_the_registry_alone(
     running = start_registry(seeded=True)
     grid, api, say, records, readme = _ci_setting(built, running, tmp_path, monkeypatch)
 
-    [staged] = staging.stage(Publisher(api, grid, say, built.client), [built.cell], "r1")
     tag = staging.staging_tag(built.grid, built.cell, "r1")
+    said: list[str] = []
+    assert staging.stage(Publisher(api, grid, said.append, built.client), [built.cell], "r1", dry_run=True) == []
+    assert any(line.startswith(f"dry run: would push {tag} (gzip") for line in said), said
+    assert not any("would move" in line for line in said) and api.manifest("torch", tag) is None
+    [staged] = staging.stage(Publisher(api, grid, say, built.client), [built.cell], "r1")
     assert api.manifest("torch", tag).digest == staged.digest  # type: ignore[union-attr]
     assert api.manifest("torch", built.cell.tag) is None  # staging moves no versioned tag
     assert all(api.manifest("torch", alias) is None for alias in built.cell.aliases)
@@ -590,20 +604,6 @@ def test_a_signed_publish_verifies_with_its_key_and_every_tampering_fails_in_one
     assert again.digest == item.digest and api.manifest("torch", built.cell.tag).digest == item.digest  # type: ignore[union-attr]
 
 
-def _made_up_gpu_pass(report: dict[str, object]) -> dict[str, object]:
-    """What an attacker with push rights attaches: the real CPU report of the image dressed as a
-    pass on a GPU nobody ran it on (every GPU check pass, the speed gates said to have held)."""
-    forged = json.loads(json.dumps(report))
-    forged["device"] = "NVIDIA H200"
-    forged["accelerator"] = {"kind": "cuda", "name": "NVIDIA H200", "count": 1, "capability": "9.0",
-                             "driver": "570.124.06", "driver_cuda": "12.8", "peaks": "H200", "gated": True}  # fmt: skip
-    for check in forged["checks"]:  # type: ignore[union-attr]
-        check["status"] = "skip" if check["check"] == "tensorrt-llm" else "pass"
-        if check["check"] == "throughput":
-            check["metrics"] = {"matmul_bfloat16_tflops": 700.0, "matmul_bf16_fraction_of_peak": 0.71}
-    return forged
-
-
 def test_with_the_teams_key_promote_trusts_only_what_it_signed(
     built: BuiltCell,
     smoke_result: smoke.SmokeResult,
@@ -628,8 +628,8 @@ def test_with_the_teams_key_promote_trusts_only_what_it_signed(
     # A made-up GPU pass, attached unsigned and signed by a stranger's key: a cell whose tags
     # wait for a GPU stays where it is. (Without a key the gate reads it as attached: that is
     # why promote says so when it runs without one.)
-    forged = _made_up_gpu_pass(smoke_result.report)
-    assert smoke.why_not_a_gpu_pass(forged, staged.image_id) is None  # it would pass an unsigned gate
+    forged = dressed_as_gpu_pass(smoke_result.report)
+    assert verdict.why_not_a_gpu_pass(forged, staged.image_id) is None  # it would pass an unsigned gate
     attachments.Door(api, "torch").attach_report(subject, tag, forged, staged.build_id, built.cell.tag)
     stranger = provenance.load_signer(stranger_private)
     assert stranger is not None
@@ -856,13 +856,18 @@ def test_publish_soci_attaches_an_index_by_which_a_node_starts_the_image_lazily(
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "no-docker-config"))
     registry = start_registry(tls=True, seeded=True)  # soci-snapshotter 0.4 fetches indexes over HTTPS only
     grid = _grid_for(built, registry)
-    spec = grid.spec.model_copy(update={"publish": grid.spec.publish.model_copy(update={"soci": True})})
+    # Both forms: v1 is what soci-snapshotter 0.4.1 (the newest packaged) starts lazily; v2, the
+    # default, is checked for its structure with the real tools (no v0.10+ snapshotter here).
+    both = grid.spec.publish.model_copy(update={"soci": True, "soci_index": "both"})
+    spec = grid.spec.model_copy(update={"publish": both})
     lazy_grid = Matrix(grid.path, spec, grid.cells, grid.rejected)
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n{publish.TABLE_START}\n{publish.TABLE_END}\n")
 
+    team_key = CryptoSigner.generate_ed25519()  # a later publish keeps only an index the team's key named
+
     def publish_once() -> publish.Publication:
-        options = publish.PublishOptions(Records(tmp_path / "records", readme), ca_file=registry.ca)
+        options = publish.PublishOptions(Records(tmp_path / "records", readme), ca_file=registry.ca, signer=team_key)
         [item] = publish.publish(built.client, lazy_grid, [built.cell], lambda _: None, options)
         return item
 
@@ -875,7 +880,7 @@ def test_publish_soci_attaches_an_index_by_which_a_node_starts_the_image_lazily(
     ztocs = soci.check_index(json.loads(index.body), image)  # the index as pushed indexes this image
     assert ztocs and all(api.has_blob("torch", ztoc) for ztoc in ztocs)
     assert "SOCI index" in item.attached
-    again = publish_once()  # already attached: not made again
+    again = publish_once()  # already attached, and named in the team's signed statement: not made again
     assert again.digest == item.digest and "SOCI index" not in again.attached
     assert [e["digest"] for e in api.referrers("torch", item.digest, soci.INDEX_TYPE)] == [index_digest]
 
@@ -889,6 +894,29 @@ def test_publish_soci_attaches_an_index_by_which_a_node_starts_the_image_lazily(
         start = lazy.first_start(tmp_path / "node", registry.ca, f"{registry.host}/torch:{built.cell.tag}", plain)
     assert start.lazy_layers >= 1, start
     assert "tensor([2., 2.])" in start.output
+
+    # v2: the SOCI-enabled image under <tag>-soci, made from the same zTOCs.
+    enabled_tag = soci.enabled_tag(built.cell.tag)
+    enabled = api.manifest("torch", enabled_tag)
+    assert enabled is not None and enabled.media_type == "application/vnd.oci.image.index.v1+json"
+    assert soci.enabled_ztocs(api, "torch", enabled_tag, image) == ztocs
+    assert "SOCI-enabled image" in item.attached and "SOCI-enabled image" not in again.attached
+    # oras copies it whole to another repository, as it would any multi-platform image (the index,
+    # both manifests, the config, every layer and zTOC), and the engine pulls it from there as the
+    # same image: the same config, so the same image ID.
+    oras = verifiers.tool("oras")
+    copied = subprocess.run(
+        [str(oras), "cp", "--from-ca-file", str(registry.ca), "--to-ca-file", str(registry.ca),
+         f"{registry.host}/torch:{enabled_tag}", f"{registry.host}/elsewhere:{enabled_tag}"],
+        capture_output=True, text=True, env=verifiers.offline_environment(tmp_path / "oras-home"), check=False,
+    )  # fmt: skip
+    assert copied.returncode == 0, copied.stdout + copied.stderr
+    assert soci.enabled_ztocs(api, "elsewhere", enabled_tag, image) == ztocs
+    pulled = built.client.images.pull(f"{registry.host}/elsewhere", tag=enabled_tag)
+    try:
+        assert pulled.id == built.image_id
+    finally:
+        built.client.images.remove(f"{registry.host}/elsewhere:{enabled_tag}")
 
 
 def test_a_third_partys_sbom_attached_first_is_neither_taken_for_the_images_nor_signed(
@@ -1127,9 +1155,16 @@ def test_the_sign_job_signs_what_the_run_staged_as_the_registry_holds_it_and_no_
     assert subject is not None
     door = attachments.Door(api, "torch")
     assert door.verified_kinds(subject.digest, staged.image_id, key) == set()  # nothing signed yet
-    forged = _made_up_gpu_pass(smoke_result.report)
+    forged = dressed_as_gpu_pass(smoke_result.report)
     door.attach_report(subject, tag, forged, staged.build_id, built.cell.tag)  # a look-alike, not recorded
 
+    # A dry run decides as the run would and writes nothing: each write it would make, said.
+    would: list[str] = []
+    dry = Publisher(api, grid, would.append, signer=signer, dry_run=True)
+    [dry_line] = signing.sign(dry, [built.cell], "s1", record)
+    assert "dry run: would sign provenance" in dry_line
+    assert any(f"would sign and attach {tag}.provenance" in line for line in would), would
+    assert door.verified_kinds(subject.digest, staged.image_id, key) == set()  # still nothing signed
     no_engine = Publisher(api, grid, say, signer=signer)  # the sign job: registry and key, no engine
     [line] = signing.sign(no_engine, [built.cell], "s1", record)
     assert "signed provenance" in line and "SBOM (CycloneDX, SPDX)" in line and "cpu self-test (pass)" in line

@@ -20,6 +20,7 @@ from builder.publish import publish, recompress, signing, staging
 from builder.publish.publisher import Publisher, Records
 from harness import containerd
 from tests.integration.conftest import BuiltCell, RunningRegistry
+from tests.support.reports import dressed_as_gpu_pass
 
 pytestmark = pytest.mark.integration
 NAMESPACE = "torch-images-test"
@@ -205,7 +206,7 @@ def test_ci_stages_and_promotes_both_forms_and_the_gpu_stage_attaches_to_both(
 
     # What the GPU stage keeps of its report (one image ID, so one record per staged form), and
     # the sign job then attaches and signs on each form; a report about another image is refused.
-    second_report = {**smoke_result.report, "run_by": "the GPU stage"}  # another run's report, not the same bytes
+    second_report = dressed_as_gpu_pass(smoke_result.report)  # the GPU stage's report (none ran here)
     kept = tmp_path / "staged"
     staging.write_staged(publisher, "z1", staged, kept)
     for item in staged:
@@ -222,6 +223,12 @@ def test_ci_stages_and_promotes_both_forms_and_the_gpu_stage_attaches_to_both(
 
     records, readme = tmp_path / "records", tmp_path / "README.md"
     readme.write_text(f"# x\n{publish.TABLE_START}\n{publish.TABLE_END}\n")
+    said: list[str] = []
+    dry = Publisher(api, grid, said.append, built.client)
+    assert staging.promote(dry, [built.cell], "z1", Records(records, readme), dry_run=True) == []
+    assert api.manifest("torch", built.cell.tag) is None and not records.exists()  # nothing written
+    assert f"dry run: {built.cell.tag}: would move from nothing to {staged[0].digest[:19]}" in said
+    assert f"dry run: {built.cell.tag}-zstd: would move from nothing to {staged[1].digest[:19]}" in said
     promoted = staging.promote(publisher, [built.cell], "z1", Records(records, readme))
     assert {item.target: item.digest for item in promoted} == {
         built.cell.tag: staged[0].digest,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import confined
+from builder import confined, verdict
 from builder.assemble import bundle, smoke
 from builder.config import yamlsource
 from builder.config.schema import parse
@@ -94,9 +94,9 @@ def test_a_stored_report_at_its_cap_is_judged_and_past_it_is_not_a_pass(
     monkeypatch.setenv("TORCH_IMAGES_CACHE", str(tmp_path))
     path = smoke.report_path(IMAGE_ID)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(padded_json(passing_report(), smoke.MAX_REPORT_BYTES))
+    path.write_bytes(padded_json(passing_report(), verdict.MAX_REPORT_BYTES))
     assert smoke.passing_report(IMAGE_ID) is not None
-    path.write_bytes(padded_json(passing_report(), smoke.MAX_REPORT_BYTES + 1))
+    path.write_bytes(padded_json(passing_report(), verdict.MAX_REPORT_BYTES + 1))
     assert smoke.passing_report(IMAGE_ID) is None
 
 
@@ -198,22 +198,27 @@ def test_a_token_answer_at_its_cap_is_read_and_past_it_is_refused(hostile: tuple
 
 
 def _serve_attached(handler: type[Scripted], subject: str, count: int) -> None:
-    """`count` referrers of `subject`, each the same self-test artifact, served whole."""
+    """`count` referrers of `subject`, each its own self-test artifact (the same report, under
+    another annotation: the door counts an artifact once however often a listing names it)."""
     report = json.dumps(passing_report()).encode()
-    artifact = json.dumps({
-        "schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": reports.SELFTEST_TYPE,
-        "config": {"mediaType": "application/vnd.oci.empty.v1+json", "digest": _digest(b"{}"), "size": 2},
-        "layers": [{"mediaType": reports.SELFTEST_TYPE, "digest": _digest(report), "size": len(report)}],
-        "subject": {"mediaType": OCI_MANIFEST, "digest": subject, "size": 1},
-    }).encode()  # fmt: skip
-    entry = {"mediaType": OCI_MANIFEST, "digest": _digest(artifact), "size": len(artifact),
-             "artifactType": reports.SELFTEST_TYPE}  # fmt: skip
-    listing = json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [entry] * count}).encode()
-    handler.routes = {
-        f"/v2/torch/referrers/{subject}": (200, {"Content-Type": OCI_INDEX}, listing),
-        f"/v2/torch/manifests/{_digest(artifact)}": (200, {"Content-Type": OCI_MANIFEST}, artifact),
+    routes: dict[str, tuple[int, dict[str, str], bytes]] = {
         f"/v2/torch/blobs/{_digest(report)}": (200, {}, report),
     }
+    entries = []
+    for number in range(count):
+        artifact = json.dumps({
+            "schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": reports.SELFTEST_TYPE,
+            "config": {"mediaType": "application/vnd.oci.empty.v1+json", "digest": _digest(b"{}"), "size": 2},
+            "layers": [{"mediaType": reports.SELFTEST_TYPE, "digest": _digest(report), "size": len(report)}],
+            "subject": {"mediaType": OCI_MANIFEST, "digest": subject, "size": 1},
+            "annotations": {"test.number": str(number)},
+        }).encode()  # fmt: skip
+        routes[f"/v2/torch/manifests/{_digest(artifact)}"] = (200, {"Content-Type": OCI_MANIFEST}, artifact)
+        entries.append({"mediaType": OCI_MANIFEST, "digest": _digest(artifact), "size": len(artifact),
+                        "artifactType": reports.SELFTEST_TYPE})  # fmt: skip
+    listing = json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": entries}).encode()
+    routes[f"/v2/torch/referrers/{subject}"] = (200, {"Content-Type": OCI_INDEX}, listing)
+    handler.routes = routes
 
 
 def test_reports_on_a_digest_at_their_cap_are_read_and_past_it_are_refused(hostile: tuple[str, type[Scripted]]) -> None:
@@ -258,13 +263,13 @@ def test_every_cap_is_stated_in_the_security_page_with_its_value() -> None:
         "registry.MAX_REFERRERS": f"{registry.MAX_REFERRERS:,}",
         "auth.MAX_TOKEN_ANSWER_BYTES": "1 MiB",
         "auth.MAX_CONFIG_BYTES": "1 MiB",
-        "smoke.MAX_REPORT_BYTES": "16 MiB",
+        "verdict.MAX_REPORT_BYTES": "16 MiB",
         "recorded.MAX_RECORD_BYTES": "4 KiB",
         "reports.MAX_REPORTS": str(reports.MAX_REPORTS),
         "verify.MAX_ARTIFACTS": str(verify.MAX_ARTIFACTS),
     }
     assert matrix.MAX_COMBINATIONS == 1000 and yamlsource.MAX_BYTES == 1 << 20
-    assert header.MAX_LOCK_BYTES == bundle.MAX_MANIFEST_BYTES == smoke.MAX_REPORT_BYTES == 16 << 20
+    assert header.MAX_LOCK_BYTES == bundle.MAX_MANIFEST_BYTES == verdict.MAX_REPORT_BYTES == 16 << 20
     assert registry.MAX_MANIFEST_BYTES == 4 << 20 and registry.MAX_BLOB_BYTES == 64 << 20
     assert auth.MAX_TOKEN_ANSWER_BYTES == auth.MAX_CONFIG_BYTES == 1 << 20 and recorded.MAX_RECORD_BYTES == 4096
     rows = {line for line in page.splitlines() if line.startswith("| ")}

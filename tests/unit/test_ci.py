@@ -445,3 +445,72 @@ def test_a_quorum_the_emitted_workflow_cannot_meet_is_refused_in_one_line(
     with pytest.raises(UserError, match=re.escape(refusal)) as refused:
         ci.workflow(grid, system)
     assert "\n" not in refused.value.line()
+
+
+def _releases_step(grid) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    job = yaml.safe_load(ci.schedule(grid, "github"))["jobs"]["releases"]
+    return next(step for step in job["steps"] if "gh pr create" in step.get("run", ""))
+
+
+def _run_releases_step(grid, repo: Path, tmp_path: Path) -> tuple[int, list[str]]:  # type: ignore[no-untyped-def]
+    """The emitted step's own script, run by bash in `repo` with real git, a bare repository as
+    the remote and a `gh` that records what it is asked (and finds no open issue)."""
+    step = _releases_step(grid)
+    tools = tmp_path / "tools"
+    tools.mkdir(exist_ok=True)
+    calls = tmp_path / "gh-calls"
+    gh = tools / "gh"
+    gh.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n[ "$1 $2" = "issue list" ] && echo 0\nexit 0\n')
+    gh.chmod(0o755)
+    env = {**os.environ, **step["env"], "PATH": f"{tools}:{os.environ['PATH']}",  # type: ignore[dict-item]
+           "GH_TOKEN": "t0ken", "RUN_ID": "7", "SERVER_URL": f"file://{tmp_path}", "REPOSITORY": "remote"}  # fmt: skip
+    done = subprocess.run(["bash", "-e", "-c", str(step["run"])], cwd=repo, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.returncode, calls.read_text().splitlines() if calls.exists() else []
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
+
+
+def test_the_daily_releases_step_proposes_a_new_release_in_a_pull_request_with_its_new_cells(
+    grid,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    """Issue 59: what the step does once `update --releases` edited the matrix and rendered a new
+    cell: a branch with exactly those files is pushed, and a pull request carries the proposal."""
+    repo, remote = tmp_path / "repo", tmp_path / "remote.git"
+    _git(tmp_path, "init", "--quiet", "--bare", str(remote))
+    _git(tmp_path, "init", "--quiet", str(repo))
+    (repo / "matrix.yaml").write_text('axes: {torch: ["2.13.0"]}\n')
+    _git(repo, "add", "matrix.yaml")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "--quiet", "-m", "first")
+    # What `update --releases` leaves: the matrix edited, a new cell's folder, the proposal's text.
+    (repo / "matrix.yaml").write_text('axes: {torch: ["2.14.1"]}\n')
+    (repo / "images" / "2.14.1-cu13.0-bookworm-runtime").mkdir(parents=True)
+    (repo / "images" / "2.14.1-cu13.0-bookworm-runtime" / "Dockerfile").write_text("FROM scratch\n")
+    (repo / "releases.md").write_text("- torch 2.14.1 (CUDA 13.0; Pythons 3.10, 3.11, 3.12, 3.13, 3.14)\n")
+    _, calls = _run_releases_step(grid, repo, tmp_path)
+    assert calls == ["pr create --head releases-7 --title New upstream releases the matrix follows "
+                     "--body-file releases.md"]  # fmt: skip
+    pushed = _git(remote, "show", "--name-only", "--format=%s", "releases-7").split()
+    assert {"matrix.yaml", "images/2.14.1-cu13.0-bookworm-runtime/Dockerfile"} <= set(pushed)
+    assert "releases.md" not in pushed  # the proposal is the pull request's text, not a file of the repository
+    assert "t0ken" not in _git(repo, "config", "--list")  # the token reached git for the push only
+
+
+def test_the_daily_releases_step_opens_an_issue_for_a_proposed_base_and_nothing_when_nothing_is_new(
+    grid,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    repo = tmp_path / "repo"
+    _git(tmp_path, "init", "--quiet", str(repo))
+    (repo / "matrix.yaml").write_text("axes: {}\n")
+    _git(repo, "add", "matrix.yaml")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "--quiet", "-m", "first")
+    (repo / "releases.md").write_text("No new upstream release that `follow:` asks for.\n")
+    assert _run_releases_step(grid, repo, tmp_path)[1] == []
+    (repo / "releases.md").write_text("- new base proposed\n\nA base for resolute, to add to `bases:`\n")
+    calls = _run_releases_step(grid, repo, tmp_path)[1]
+    assert [call.split(" --")[0] for call in calls] == ["issue list", "issue create"]
+    assert "--body-file releases.md" in calls[1]

@@ -187,6 +187,18 @@ def test_each_publish_verb_takes_only_its_own_options(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr + old.stderr
 
 
+def test_every_publish_verb_offers_a_dry_run() -> None:
+    """Issue 60: each verb that writes to a registry says what it would do with --dry-run."""
+    from builder import cli
+
+    parser = cli.build_parser()
+    verbs = next(a for a in parser._subparsers._group_actions[0].choices["publish"]._actions  # type: ignore[union-attr]
+                 if isinstance(a, argparse._SubParsersAction)).choices  # fmt: skip
+    assert set(verbs) == {"push", "stage", "sign", "stage-rebuild", "sign-rebuild", "gpu-test", "promote", "prune"}
+    for name, verb in verbs.items():
+        assert any("--dry-run" in action.option_strings for action in verb._actions), name
+
+
 def test_the_front_door_ci_output_cells_after_options_and_update_without_security(tmp_path: Path) -> None:
     """Issue 39: `--output` into a folder a fresh checkout lacks gave a traceback; cells after an
     option gave the top-level usage; `update CELL` silently relocked every cell."""

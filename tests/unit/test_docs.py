@@ -160,6 +160,9 @@ def test_the_docs_that_come_from_the_code_are_what_the_code_gives() -> None:
         "docs/matrix.schema.json is stale: run python -m harness.docs_tables"
     )
     assert (REPO / "matrix.yaml").read_text().startswith("# yaml-language-server: $schema=docs/matrix.schema.json\n")
+    assert docs_tables.CLI.read_text() == docs_tables.cli_reference(), (
+        "docs/cli.md is stale: run python -m harness.docs_tables"
+    )
 
 
 def test_the_schema_accepts_the_matrix_and_refuses_an_unknown_key(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from builder import verdict
 from builder.assemble import smoke
 from builder.errors import UserError
 from builder.plan.matrix import load_matrix
@@ -27,7 +28,7 @@ def cpu_report(image_id: str = IMAGE_ID) -> dict[str, Any]:
     checks = [
         {"check": name, "status": "skip" if name in ("cuda-runtime", "triton", "tensorrt-llm") else "pass",
          "metrics": {}}
-        for name in smoke.expected_checks()
+        for name in verdict.expected_checks()
     ]  # fmt: skip
     return {"status": "pass", "image_id": image_id, "device": "cpu", "accelerator": {"kind": "cpu"},
             "checks": checks, "failed": []}  # fmt: skip
@@ -52,30 +53,30 @@ def gpu_report(image_id: str = IMAGE_ID, device: str = "NVIDIA H200", gated: boo
 
 
 def test_the_gpu_checks_are_the_self_tests_own_list_and_each_is_one_it_runs() -> None:
-    assert set(smoke.gpu_checks()) <= set(smoke.expected_checks())
-    assert {"sdpa", "throughput", "torch.compile", "amp", "cuda-runtime"} <= set(smoke.gpu_checks())
+    assert set(verdict.gpu_checks()) <= set(verdict.expected_checks())
+    assert {"sdpa", "throughput", "torch.compile", "amp", "cuda-runtime"} <= set(verdict.gpu_checks())
 
 
 def test_a_gpu_report_naming_device_capability_and_driver_passes_the_gate() -> None:
-    assert smoke.why_not_a_gpu_pass(gpu_report(), IMAGE_ID) is None
+    assert verdict.why_not_a_gpu_pass(gpu_report(), IMAGE_ID) is None
     gated = reports.gate([cpu_report(), gpu_report()], IMAGE_ID, "required")
     assert isinstance(gated, reports.Gated)
     assert gated.report["device"] == "cpu" and gated.gpu_report is not None  # the build's report, and the GPU's
 
 
 def test_a_cpu_report_cannot_satisfy_a_required_gpu_gate() -> None:
-    assert smoke.why_not_a_pass(cpu_report(), IMAGE_ID) is None  # a full pass, on a CPU
+    assert verdict.why_not_a_pass(cpu_report(), IMAGE_ID) is None  # a full pass, on a CPU
     refused = reports.gate([cpu_report(), cpu_report()], IMAGE_ID, "required")
     assert isinstance(refused, str) and "no passing GPU self-test" in refused and "not on a CUDA device" in refused
     assert isinstance(refused, reports.GpuMissing)  # publish says this reason once for every CUDA cell
     # a CPU report that claims the CUDA kind without naming a GPU is still no GPU report
     claimed = cpu_report()
     claimed["accelerator"] = {"kind": "cuda"}
-    assert "names no GPU model" in str(smoke.why_not_a_gpu_pass(claimed, IMAGE_ID))
+    assert "names no GPU model" in str(verdict.why_not_a_gpu_pass(claimed, IMAGE_ID))
 
 
 def test_a_gpu_report_for_another_image_is_refused() -> None:
-    why = smoke.why_not_a_gpu_pass(gpu_report(OTHER_IMAGE), IMAGE_ID)
+    why = verdict.why_not_a_gpu_pass(gpu_report(OTHER_IMAGE), IMAGE_ID)
     assert why is not None and "for another image (dddddddddddd)" in why
     refused = reports.gate([cpu_report(), gpu_report(OTHER_IMAGE)], IMAGE_ID, "required")
     assert isinstance(refused, str) and "for another image" in refused
@@ -84,7 +85,7 @@ def test_a_gpu_report_for_another_image_is_refused() -> None:
 def test_a_gpu_report_without_the_checks_the_image_runs_is_refused() -> None:
     report = gpu_report()
     report["checks"] = [c for c in report["checks"] if c["check"] != "distributed"]
-    assert "lacks checks the self-test runs: distributed" in str(smoke.why_not_a_gpu_pass(report, IMAGE_ID))
+    assert "lacks checks the self-test runs: distributed" in str(verdict.why_not_a_gpu_pass(report, IMAGE_ID))
 
 
 @pytest.mark.parametrize(
@@ -105,13 +106,13 @@ def test_a_gpu_report_without_the_checks_the_image_runs_is_refused() -> None:
 def test_a_gpu_report_that_does_not_prove_the_device_is_refused(edit: object, needle: str) -> None:
     report = gpu_report()
     edit(report)  # type: ignore[operator]
-    why = smoke.why_not_a_gpu_pass(report, IMAGE_ID)
+    why = verdict.why_not_a_gpu_pass(report, IMAGE_ID)
     assert why is not None and needle in why
 
 
 def test_a_device_without_a_datasheet_entry_passes_not_gated_and_says_so() -> None:
     report = gpu_report(device="NVIDIA L4", gated=False)
-    assert smoke.why_not_a_gpu_pass(report, IMAGE_ID) is None
+    assert verdict.why_not_a_gpu_pass(report, IMAGE_ID) is None
     entry = reports.record_entry("required", report)
     assert entry is not None and entry["gated"] is False and entry["matmul_bf16_fraction_of_peak"] is None
     cell = publish._gpu_text(entry)
@@ -202,16 +203,16 @@ def test_a_figure_that_is_not_a_measurement_is_no_gpu_pass(value: float) -> None
     """Issue 35: NaN, infinite, negative or absurd figures opened the gate."""
     report = gpu_report()
     next(c for c in report["checks"] if c["check"] == "throughput")["metrics"]["matmul_bf16_fraction_of_peak"] = value
-    why = smoke.why_not_a_gpu_pass(report, IMAGE_ID)
+    why = verdict.why_not_a_gpu_pass(report, IMAGE_ID)
     assert why is not None and "is not a measurement" in why
 
 
 def test_a_device_the_datasheet_knows_cannot_say_its_gates_did_not_apply() -> None:
     report = gpu_report(device="NVIDIA H200", gated=False)
-    assert "gpu_peaks.json knows NVIDIA H200 (H200)" in str(smoke.why_not_a_gpu_pass(report, IMAGE_ID))
+    assert "gpu_peaks.json knows NVIDIA H200 (H200)" in str(verdict.why_not_a_gpu_pass(report, IMAGE_ID))
     slow = gpu_report()
     next(c for c in slow["checks"] if c["check"] == "throughput")["metrics"]["matmul_bf16_fraction_of_peak"] = 0.2
-    assert "ran at 0.20 of peak, under the gate's 0.7" in str(smoke.why_not_a_gpu_pass(slow, IMAGE_ID))
+    assert "ran at 0.20 of peak, under the gate's 0.7" in str(verdict.why_not_a_gpu_pass(slow, IMAGE_ID))
 
 
 def test_the_gpu_stage_skips_a_digest_that_already_carries_the_keys_gpu_pass(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -257,12 +258,12 @@ def test_the_gate_reads_the_one_real_gpu_report_there_is() -> None:
     report = json.loads(path.read_text())
     report["image_id"] = IMAGE_ID  # a host-stack run names no image; the gate is asked about this one
     statuses = {c["check"]: c["status"] for c in report["checks"]}
-    assert all(statuses[name] == "pass" for name in smoke.gpu_checks())  # every GPU check passed there
-    assert smoke.why_not_a_pass(report, IMAGE_ID) is None
-    assert smoke.why_not_a_gpu_pass(report, IMAGE_ID) == "the report ran on NVIDIA H200, not on a CUDA device"
-    figures = smoke.gpu_figures(report)
-    assert figures["matmul_bf16_fraction_of_peak"] == 0.736 and smoke._figure_problem(figures) is None
-    assert smoke.known_gpu(report["device"]) is not None  # gpu_peaks.json gates this device
+    assert all(statuses[name] == "pass" for name in verdict.gpu_checks())  # every GPU check passed there
+    assert verdict.why_not_a_pass(report, IMAGE_ID) is None
+    assert verdict.why_not_a_gpu_pass(report, IMAGE_ID) == "the report ran on NVIDIA H200, not on a CUDA device"
+    figures = verdict.gpu_figures(report)
+    assert figures["matmul_bf16_fraction_of_peak"] == 0.736 and verdict._figure_problem(figures) is None
+    assert verdict.known_gpu(report["device"]) is not None  # gpu_peaks.json gates this device
 
 
 def test_publish_on_a_machine_without_a_gpu_says_once_what_the_cuda_cells_need(monkeypatch: pytest.MonkeyPatch) -> None:

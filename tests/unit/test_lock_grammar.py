@@ -186,6 +186,7 @@ def mutations(text: str, count: int, seed: int) -> list[str]:
     return edited
 
 
+@pytest.mark.network  # each base's pip, from PyPI the first time (then cached)
 def test_the_real_lock_is_read_alike_by_the_builder_and_every_bases_pip(pip_wheels: dict[str, Path]) -> None:
     assert set(pip_wheels) >= {"20.3.4", "22.0.2", "23.0.1", "24.0", "25.1.1"}  # bullseye .. trixie
     ours = builder_view(REAL_LOCK)
@@ -203,6 +204,7 @@ def test_every_hostile_lock_is_refused_by_the_builder_with_its_line(tmp_path: Pa
         assert str(path) in refused.value.line() and "\n" not in refused.value.line(), case
 
 
+@pytest.mark.network  # each base's pip, from PyPI the first time (then cached)
 def test_the_hostile_cases_are_ones_pip_would_act_on_differently(tmp_path: Path, pip_wheels: dict[str, Path]) -> None:
     # The control: each case must matter to some pip (an option, another entry or an error), or
     # the refusal above would prove nothing.
@@ -230,6 +232,7 @@ def test_the_hostile_cases_are_ones_pip_would_act_on_differently(tmp_path: Path,
     assert "comment-continuation" not in harmless_to_pip and "find-links" not in harmless_to_pip
 
 
+@pytest.mark.network  # each base's pip, from PyPI the first time (then cached)
 def test_whatever_a_pip_would_read_differently_the_builder_refuses_first(
     tmp_path: Path, pip_wheels: dict[str, Path]
 ) -> None:
@@ -245,6 +248,7 @@ def test_whatever_a_pip_would_read_differently_the_builder_refuses_first(
             assert as_builder_reads(views[str(path)]) == ours, (version, path.read_text())
 
 
+@pytest.mark.network  # each base's pip, from PyPI the first time (then cached)
 def test_each_layers_part_of_a_real_lock_is_read_alike_by_the_builder_and_every_bases_pip(
     tmp_path: Path, pip_wheels: dict[str, Path]
 ) -> None:

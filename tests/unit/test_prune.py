@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from builder.assemble import smoke
+from builder import verdict
 from builder.oci.registry import OCI_INDEX, OCI_MANIFEST, Registry
 from builder.publish import attachments, prune, reports
 
@@ -33,7 +33,7 @@ def _signed(report: dict[str, Any], verified: bool) -> prune._Statement:
 def reports_pass_by_status(monkeypatch: pytest.MonkeyPatch) -> None:
     # The real check also reads the report's checks; here a report passes when it says so.
     monkeypatch.setattr(
-        smoke, "why_not_a_pass", lambda report, image_id: None if report.get("status") == "pass" else "failed"
+        verdict, "why_not_a_pass", lambda report, image_id: None if report.get("status") == "pass" else "failed"
     )
 
 
@@ -198,6 +198,20 @@ def _report_artifact(subject: str | None, report: dict[str, Any]) -> str:
     return _serve(document)
 
 
+def _prune_listing(*listed: str) -> prune.Pruned:
+    """Prune DIGEST on the HTTP registry, its referrers listing naming `listed` in that order."""
+    _ReferrersApi.listed = [{"mediaType": OCI_MANIFEST, "digest": d, "size": 1, "artifactType": reports.SELFTEST_TYPE}
+                            for d in listed]  # fmt: skip
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ReferrersApi)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = Registry(f"127.0.0.1:{server.server_address[1]}", retries=0)
+        return prune.prune_digest(attachments.Door(client, "torch"), "tag", DIGEST, IMAGE)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_on_a_registry_with_the_referrers_api_only_a_proven_attachment_is_deleted() -> None:
     """Issue 47: a listing is a hint, never proof; the manifest itself must name this digest."""
     _ReferrersApi.manifests, _ReferrersApi.blobs, _ReferrersApi.deleted = {}, {}, []
@@ -209,16 +223,7 @@ def test_on_a_registry_with_the_referrers_api_only_a_proven_attachment_is_delete
                        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
                                    "digest": "sha256:" + "6" * 64, "size": 9}]})  # fmt: skip
     elsewhere = _report_artifact(other_image, _report("NVIDIA H200", "2026-01-01T00:00:00Z", status="fail"))
-    _ReferrersApi.listed = [{"mediaType": OCI_MANIFEST, "digest": d, "size": 1, "artifactType": reports.SELFTEST_TYPE}
-                            for d in (stale, released, elsewhere)]  # fmt: skip
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ReferrersApi)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        client = Registry(f"127.0.0.1:{server.server_address[1]}", retries=0)
-        pruned = prune.prune_digest(attachments.Door(client, "torch"), "tag", DIGEST, IMAGE)
-    finally:
-        server.shutdown()
-        server.server_close()
+    pruned = _prune_listing(stale, released, elsewhere)
     assert pruned.reports == [stale] and _ReferrersApi.deleted == [stale]
 
 
@@ -228,14 +233,5 @@ def test_on_a_registry_with_the_referrers_api_a_listing_that_names_each_entry_tw
     _ReferrersApi.manifests, _ReferrersApi.blobs, _ReferrersApi.deleted = {}, {}, []
     older = _report_artifact(DIGEST, _report("cpu", "2026-01-01T00:00:00Z"))
     newer = _report_artifact(DIGEST, _report("cpu", "2026-02-01T00:00:00Z"))
-    _ReferrersApi.listed = [{"mediaType": OCI_MANIFEST, "digest": d, "size": 1, "artifactType": reports.SELFTEST_TYPE}
-                            for d in (older, newer, newer, older)]  # fmt: skip
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ReferrersApi)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        client = Registry(f"127.0.0.1:{server.server_address[1]}", retries=0)
-        pruned = prune.prune_digest(attachments.Door(client, "torch"), "tag", DIGEST, IMAGE)
-    finally:
-        server.shutdown()
-        server.server_close()
+    pruned = _prune_listing(older, newer, newer, older)
     assert pruned.reports == [older] and _ReferrersApi.deleted == [older] and pruned.kept == 1

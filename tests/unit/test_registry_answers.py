@@ -22,7 +22,7 @@ from typing import ClassVar
 
 import pytest
 
-from builder.assemble import smoke
+from builder import verdict
 from builder.errors import UserError
 from builder.oci import auth, registry
 from builder.oci.registry import OCI_INDEX, OCI_MANIFEST, Registry
@@ -425,13 +425,13 @@ def test_a_helper_that_has_no_credentials_for_the_host_falls_through(
 
 def passing_report() -> dict[str, object]:
     checks = [
-        {"check": name, "status": "skip" if name == "cuda-runtime" else "pass"} for name in smoke.expected_checks()
+        {"check": name, "status": "skip" if name == "cuda-runtime" else "pass"} for name in verdict.expected_checks()
     ]
     return {"status": "pass", "image_id": IMAGE_ID, "device": "cpu", "checks": checks, "failed": []}
 
 
 def test_a_report_listing_every_check_passes() -> None:
-    assert smoke.why_not_a_pass(passing_report(), IMAGE_ID) is None
+    assert verdict.why_not_a_pass(passing_report(), IMAGE_ID) is None
 
 
 @pytest.mark.parametrize(
@@ -452,7 +452,7 @@ def test_a_report_listing_every_check_passes() -> None:
 def test_a_report_that_is_not_a_full_pass_for_the_image_is_refused(edit: object, needle: str) -> None:
     report = passing_report()
     edit(report)  # type: ignore[operator]
-    why = smoke.why_not_a_pass(report, IMAGE_ID)
+    why = verdict.why_not_a_pass(report, IMAGE_ID)
     assert why is not None and needle in why
 
 

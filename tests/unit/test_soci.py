@@ -215,3 +215,81 @@ def test_the_statement_publish_signs_names_the_index_it_made() -> None:
     assert provenance.soci_index_named(statement["predicate"]) == "sha256:" + "5" * 64
     assert provenance.is_about(statement, IMAGE.digest, about.image_id)
     assert provenance.soci_index_named({"index": "x"}) is None
+
+
+# ---------------------------------------------------------------- v2: the SOCI-enabled image (issue 59)
+
+
+def _v1() -> Manifest:
+    return Manifest.of(json.dumps(made_by_soci()).encode(), OCI_MANIFEST)
+
+
+def test_the_v2_index_has_v1s_ztocs_v2s_config_and_no_subject_as_soci_writes_it() -> None:
+    index = json.loads(soci.v2_index(_v1(), IMAGE).body)
+    assert index["config"] == {"mediaType": "application/vnd.amazon.soci.index.v2+json",
+                               "digest": soci.EMPTY_CONFIG_DIGEST, "size": 2}  # fmt: skip
+    assert "subject" not in index and index["mediaType"] == OCI_MANIFEST
+    [ztoc] = index["layers"]
+    assert ztoc["digest"] == "sha256:" + "3" * 64 and ztoc["mediaType"] == "application/octet-stream"
+    assert ztoc["annotations"] == {
+        "com.amazon.soci.image-layer-digest": LAYERS[1],
+        "com.amazon.soci.image-layer-mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+    }
+    assert index["annotations"] == {"com.amazon.soci.build-tool-identifier": "AWS SOCI CLI v0.1"}
+
+
+def test_the_enabled_image_is_the_same_config_and_layers_bound_both_ways_to_its_index() -> None:
+    docker_image = Manifest.of(
+        json.dumps({**json.loads(IMAGE.body), "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+                    "config": {**json.loads(IMAGE.body)["config"],
+                               "mediaType": "application/vnd.docker.container.image.v1+json"}}).encode(),
+        "application/vnd.docker.distribution.manifest.v2+json",
+    )  # fmt: skip
+    index = soci.v2_index(_v1(), docker_image)
+    manifest = soci.enabled_manifest(docker_image, index)
+    document = json.loads(manifest.body)
+    # what soci convert writes: OCI types, the same config bytes (so the same image ID) and layers
+    assert document["mediaType"] == OCI_MANIFEST and document["config"]["mediaType"] == soci.OCI_CONFIG
+    assert document["config"]["digest"] == "sha256:" + "c" * 64
+    assert [layer["digest"] for layer in document["layers"]] == LAYERS
+    assert document["annotations"] == {"com.amazon.soci.index-digest": index.digest}
+    amd64 = platform.of("linux/amd64").descriptor()
+    enabled = json.loads(soci.enabled_image(manifest, index, amd64).body)
+    assert enabled["mediaType"] == "application/vnd.oci.image.index.v1+json"
+    image_entry, index_entry = enabled["manifests"]
+    named = {"com.amazon.soci.index-digest": index.digest}
+    assert image_entry == {"mediaType": OCI_MANIFEST, "digest": manifest.digest, "size": len(manifest.body),
+                           "annotations": named, "platform": amd64}  # fmt: skip
+    assert index_entry["artifactType"] == "application/vnd.amazon.soci.index.v2+json"
+    assert index_entry["annotations"] == {"com.amazon.soci.image-manifest-digest": manifest.digest}
+    assert index_entry["platform"] == amd64 and index_entry["digest"] == index.digest
+    assert soci.check_enabled(document, json.loads(index.body), docker_image, index) == ["sha256:" + "3" * 64]
+    assert soci.enabled_tag("2.15.0-cu13.2-cudnn9.26-py3.11-bookworm-runtime").endswith("-runtime-soci")
+
+
+@pytest.mark.parametrize(
+    ("part", "edit", "needle"),
+    [
+        ("manifest", lambda m: m["config"].update(digest="sha256:" + "d" * 64), "another config"),
+        ("manifest", lambda m: m["layers"].pop(), "other layers"),
+        ("manifest", lambda m: m.pop("annotations"), "does not name its SOCI index"),
+        ("index", lambda i: i.update(subject={"digest": IMAGE.digest}), "has a subject"),
+        ("index", lambda i: i["config"].update(mediaType=soci.INDEX_TYPE), "config is not"),
+        (
+            "index",
+            lambda i: i["layers"][0]["annotations"].update({soci.LAYER_ANNOTATION: "sha256:" + "e" * 64}),
+            "a layer the image does not have",
+        ),
+        (
+            "index",
+            lambda i: i["layers"][0]["annotations"].update({soci.LAYER_TYPE_ANNOTATION: "x"}),
+            "another media type",
+        ),
+    ],
+)
+def test_an_enabled_image_that_is_not_this_images_is_refused(part: str, edit: Any, needle: str) -> None:
+    index = soci.v2_index(_v1(), IMAGE)
+    manifest, index_document = json.loads(soci.enabled_manifest(IMAGE, index).body), json.loads(index.body)
+    edit(manifest if part == "manifest" else index_document)
+    with pytest.raises(UserError, match=needle):
+        soci.check_enabled(manifest, index_document, IMAGE, index)
