@@ -514,3 +514,40 @@ def test_the_daily_releases_step_opens_an_issue_for_a_proposed_base_and_nothing_
     calls = _run_releases_step(grid, repo, tmp_path)[1]
     assert [call.split(" --")[0] for call in calls] == ["issue list", "issue create"]
     assert "--body-file releases.md" in calls[1]
+
+
+def test_the_gitlab_releases_job_pushes_the_moved_matrix_with_a_merge_request_and_nothing_else(
+    grid,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    """The GitLab schedule's releases job, its last script block run by bash with real git: the
+    push goes to a bare repository standing in for GitLab (git's insteadOf), which takes push
+    options as GitLab does, and carries exactly the matrix and the new cell's folder."""
+    job = yaml.safe_load(ci.schedule(grid, "gitlab"))["releases"]
+    assert job["rules"] == [{"if": '$CI_PIPELINE_SOURCE == "schedule"'}]
+    assert job["script"][:3] == ["./nox -s engine", "./nox -s update -- --releases --markdown > releases.md",
+                                 "cat releases.md"]  # fmt: skip
+    block = job["script"][3]
+    repo, remote = tmp_path / "repo", tmp_path / "remote.git"
+    _git(tmp_path, "init", "--quiet", "--bare", str(remote))
+    _git(remote, "config", "receive.advertisePushOptions", "true")
+    _git(tmp_path, "init", "--quiet", str(repo))
+    (repo / "matrix.yaml").write_text('axes: {torch: ["2.13.0"]}\n')
+    _git(repo, "add", "matrix.yaml")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "--quiet", "-m", "first")
+    env = {**os.environ, "CI_PIPELINE_ID": "7", "CI_SERVER_HOST": "gitlab.invalid", "CI_PROJECT_PATH": "remote",
+           "CI_DEFAULT_BRANCH": "main", "CI_JOB_URL": "https://gitlab.invalid/job/1",
+           "TORCH_IMAGES_PUSH_TOKEN": "t0ken",
+           "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": f"url.file://{tmp_path}/.insteadOf",
+           "GIT_CONFIG_VALUE_0": "https://gitlab.invalid/"}  # fmt: skip
+    unmoved = subprocess.run(["bash", "-e", "-c", block], cwd=repo, env=env, capture_output=True, text=True)
+    assert unmoved.returncode == 0 and "did not move" in unmoved.stdout
+    (repo / "matrix.yaml").write_text('axes: {torch: ["2.14.1"]}\n')
+    (repo / "images" / "2.14.1-cu13.0-bookworm-runtime").mkdir(parents=True)
+    (repo / "images" / "2.14.1-cu13.0-bookworm-runtime" / "Dockerfile").write_text("FROM scratch\n")
+    (repo / "releases.md").write_text("- torch 2.14.1\n")
+    moved = subprocess.run(["bash", "-e", "-c", block], cwd=repo, env=env, capture_output=True, text=True)
+    assert moved.returncode == 0, moved.stdout + moved.stderr
+    pushed = _git(remote, "show", "--name-only", "--format=%s", "releases-7").split()
+    assert {"matrix.yaml", "images/2.14.1-cu13.0-bookworm-runtime/Dockerfile"} <= set(pushed)
+    assert "releases.md" not in pushed and "t0ken" not in _git(repo, "config", "--list")
