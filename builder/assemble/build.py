@@ -215,6 +215,7 @@ class BuildOptions:
     normalize: bool = True  # rewrite the engine's image into the builder's canonical bytes
     backend: str = "sdk"  # "sdk" (the classic builder through the Docker SDK) or "buildkit"
     published: Callable[[str], bool] | None = None  # `build --skip-existing`: is this build ID in the registry?
+    reference: str | None = None  # the engine tag to build under (default: the cell's own, local_reference)
 
 
 def build_cell(
@@ -224,16 +225,15 @@ def build_cell(
     house: wheelhouse.Wheelhouse,
     report: Report,
     options: BuildOptions = BuildOptions(),
-    reference: str | None = None,
 ) -> BuildResult:
-    """Build one cell. An image already tagged `reference` with the same build ID is left as it
+    """Build one cell. An image already tagged options.reference with the same build ID is left as it
     is (status "unchanged") unless options.no_cache, and one whose build ID is options.published (in
     the registry: `build --skip-existing`) is not built at all (status "in registry"). The engine's
     pre-normalization image is returned as `intermediate` for the caller to remove (see
     discard_intermediates). `locks` are the cell's inputs as `preflight` read and checked them,
     once per cell and run: nothing here reads them again."""
     cell = locks.cell
-    reference = reference or local_reference(grid, cell)
+    reference = options.reference or local_reference(grid, cell)
     result = BuildResult(cell.name, reference)
     started = time.monotonic()
     base_reference, result.build_id = cell_build_id(engine, grid, locks, report, house)

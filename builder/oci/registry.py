@@ -172,17 +172,15 @@ class Registry:
     def __init__(
         self,
         host: str,
-        username: str | None = None,
-        password: str | None = None,
+        credentials: Credentials | None = None,
         retries: int = downloads.RETRIES,
         backoff_s: float = downloads.BACKOFF_S,
         ca_file: Path | None = None,
         insecure: bool = False,
-        source: str = "the given credentials",
     ) -> None:
         """HTTPS, checked against the system's CA store or `ca_file`; plain HTTP only for a
         registry on a loopback address (without a CA file) or with `insecure`. `docker.io` is
-        Docker Hub, whose API answers at registry-1.docker.io."""
+        Docker Hub, whose API answers at registry-1.docker.io. `login` gives credentials by name."""
         self.host = host
         self.plain = insecure or (ca_file is None and is_loopback(host))
         self.insecure = insecure
@@ -191,9 +189,14 @@ class Registry:
         self.session.trust_env = False  # no netrc from the environment; its proxies, below
         self.session.proxies.update(environment_proxies(self.base))
         self.session.verify = str(ca_file) if ca_file else downloads.system_ca_bundle()
-        self.credentials = Credentials(username, password or "", source) if username is not None else None
+        self.credentials = credentials
         self.authorization: str | None = None  # what the registry's last challenge asked for
         self.retries, self.backoff_s = retries, backoff_s
+
+    @staticmethod
+    def login(username: str, password: str | None, source: str = "the given credentials") -> Credentials:
+        """Credentials given by name and password (a test's, a CI secret's)."""
+        return Credentials(username, password or "", source)
 
     @classmethod
     def for_publishing(
@@ -204,7 +207,7 @@ class Registry:
         found = find_credentials(host, configured=host if configured is None else configured)
         if found is None:
             return cls(host, ca_file=ca_file, insecure=insecure)
-        return cls(host, found.username, found.password, ca_file=ca_file, insecure=insecure, source=found.source)
+        return cls(host, found, ca_file=ca_file, insecure=insecure)
 
     @classmethod
     def reached(cls, host: str, ca_file: Path | None = None, insecure: bool = False) -> Registry:

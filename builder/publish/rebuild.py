@@ -174,7 +174,7 @@ def rebuild(
     found.inputs = len(provenance.build_inputs(cell))
     target = f"{REBUILD_REPOSITORY}:{cell.name}"
     result = build.build_cell(
-        engine, grid, locks, house, report, build.BuildOptions(no_cache=True, backend=options.backend), target
+        engine, grid, locks, house, report, build.BuildOptions(no_cache=True, backend=options.backend, reference=target)
     )
     build.discard_intermediates(engine, [result])
     if not result.has_image:

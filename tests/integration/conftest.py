@@ -119,7 +119,13 @@ class RunningRegistry:
     root: Path | None = None  # where it stores (its blobs under data/)
 
     def api(self) -> Registry:
-        return Registry(self.host, self.user, self.password, retries=1, backoff_s=0.1, ca_file=self.ca)
+        return Registry(
+            self.host,
+            Registry.login(self.user, self.password) if self.user else None,
+            retries=1,
+            backoff_s=0.1,
+            ca_file=self.ca,
+        )
 
 
 @pytest.fixture(scope="session")

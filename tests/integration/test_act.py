@@ -219,7 +219,7 @@ def test_the_emitted_workflow_runs_under_act_and_the_tag_moves_only_when_the_reb
         "REGISTRY_PASSWORD": "runner-secret",
         "TORCH_IMAGES_VERIFY_KEY": team_public.decode(),
     }
-    api = Registry(running.host, "pusher", "runner-secret", retries=1, backoff_s=0.1)
+    api = Registry(running.host, Registry.login("pusher", "runner-secret"), retries=1, backoff_s=0.1)
     grid = matrix.load_matrix(REPO / "matrix.yaml")
     cell = grid.cell(CELL)
 

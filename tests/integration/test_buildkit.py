@@ -28,8 +28,7 @@ def test_buildkit_builds_the_same_image_as_the_classic_builder(built: BuiltCell)
         build.preflight(cell, grid),
         wheelhouse.Wheelhouse(),
         print,
-        build.BuildOptions(no_cache=True, backend="buildkit"),
-        reference=reference,
+        build.BuildOptions(no_cache=True, backend="buildkit", reference=reference),
     )
     try:
         assert result.status == "built", result.detail

@@ -195,7 +195,7 @@ def test_the_emitted_github_workflow_runs_as_a_hosted_runner_from_install_to_pro
                     client.images.remove(tag)
     assert sorted({name.split("@")[0] for name in not_tried}) == sorted(NOT_TRIED)
 
-    api = Registry(running.host, "ci", "runner-secret", retries=1, backoff_s=0.1)
+    api = Registry(running.host, Registry.login("ci", "runner-secret"), retries=1, backoff_s=0.1)
     staged = api.manifest("torch", staging.staging_tag(grid, cell, RUN_ID))
     promoted = api.manifest("torch", cell.tag)
     assert staged is not None and promoted is not None and promoted.digest == staged.digest

@@ -33,7 +33,12 @@ def test_a_build_whose_pass_after_the_build_fails_leaves_no_tag_and_no_steps(
     monkeypatch.setattr(build.repro, "normalize_image", refuse)
     locks = build.preflight(built.cell, built.grid)
     result = build.build_cell(
-        client, built.grid, locks, wheelhouse.Wheelhouse(), print, build.BuildOptions(no_cache=True), REFERENCE
+        client,
+        built.grid,
+        locks,
+        wheelhouse.Wheelhouse(),
+        print,
+        build.BuildOptions(no_cache=True, reference=REFERENCE),
     )
     assert result.state == build.BuildState.FAILED and "links to y" in result.detail
     with pytest.raises(docker.errors.ImageNotFound):

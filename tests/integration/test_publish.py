@@ -244,7 +244,7 @@ def test_publish_through_token_authentication_over_https_with_the_registrys_ca(
 
     # The registry's certificate is checked: another CA's is refused in one line.
     other = registry_fixtures.server_certificate(tmp_path / "other-pki")
-    stranger = Registry(registry.host, "ci", "t0ken-s3cret", retries=0, ca_file=other.ca)
+    stranger = Registry(registry.host, Registry.login("ci", "t0ken-s3cret"), retries=0, ca_file=other.ca)
     with pytest.raises(
         UserError, match=r"its TLS certificate is not trusted \(SSLError\); give its CA with --registry-ca FILE"
     ):

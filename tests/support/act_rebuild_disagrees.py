@@ -24,7 +24,9 @@ from builder.publish.rebuilds import rebuild_tag
 
 def main(cell_name: str) -> int:
     host, _, repository = os.environ["IMAGE"].partition("/")
-    registry = Registry(host, os.environ["REGISTRY_USER"], os.environ["REGISTRY_PASSWORD"], retries=1, backoff_s=0.1)
+    registry = Registry(
+        host, Registry.login(os.environ["REGISTRY_USER"], os.environ["REGISTRY_PASSWORD"]), retries=1, backoff_s=0.1
+    )
     grid = matrix.load_matrix(Path("matrix.yaml"))
     cell, run = grid.cell(cell_name), os.environ["GITHUB_RUN_ID"]
     staged = registry.manifest(repository, staging.staging_tag(grid, cell, run))

@@ -191,10 +191,10 @@ def test_a_token_answer_at_its_cap_is_read_and_past_it_is_refused(hostile: tuple
     challenge = {"/v2/": (401, {"WWW-Authenticate": f'Bearer realm="http://{host}/token",service="s"'}, b"")}
     handler.routes = {**challenge, "/token": (200, {}, padded_json({"token": "t0k"}, auth.MAX_TOKEN_ANSWER_BYTES))}
     with pytest.raises(UserError, match="refused the credentials"):  # the token was read and used; /v2/ still says no
-        registry.Registry(host, "ci", "pw", retries=0).check()
+        registry.Registry(host, registry.Registry.login("ci", "pw"), retries=0).check()
     handler.routes = {**challenge, "/token": (200, {}, padded_json({"token": "t0k"}, auth.MAX_TOKEN_ANSWER_BYTES + 1))}
     with pytest.raises(UserError, match="more than the"):
-        registry.Registry(host, "ci", "pw", retries=0).check()
+        registry.Registry(host, registry.Registry.login("ci", "pw"), retries=0).check()
 
 
 def _serve_attached(handler: type[Scripted], subject: str, count: int) -> None:

@@ -410,7 +410,7 @@ def test_credentials_are_not_sent_to_another_host_on_a_redirect_or_an_upload_loc
     }
     registry_side.challenge = True
     other_side.script = {"/upload/": (201, {})}
-    client = registry.Registry(home, "ci", "s3cret", retries=0)
+    client = registry.Registry(home, registry.Registry.login("ci", "s3cret"), retries=0)
     client.check()
     client.upload_blob("torch", b"payload")
     with pytest.raises(
@@ -499,7 +499,7 @@ def test_a_redirect_target_that_asks_for_credentials_gets_none(
     registry_side.script = {"/v2/torch/blobs/": (307, {"Location": f"http://{other}/blob"})}
     registry_side.challenge = True
     other_side.challenge = True
-    client = registry.Registry(home, "ci", "s3cret", retries=0)
+    client = registry.Registry(home, registry.Registry.login("ci", "s3cret"), retries=0)
     client.check()
     with pytest.raises(UserError, match=rf"redirected to {other}, which asked for credentials \(401\); the registry's"):
         client.blob("torch", "sha256:" + "a" * 64)

@@ -286,7 +286,7 @@ def test_a_challenge_without_a_realm_is_one_line(hostile: tuple[str, type[Script
     host, handler = hostile
     handler.routes = _challenge('Bearer service="x",scope="repository:torch:pull"')
     with pytest.raises(UserError) as refused:
-        Registry(host, "ci", "s3cret", retries=0).check()
+        Registry(host, Registry.login("ci", "s3cret"), retries=0).check()
     assert "named no token service (realm)" in one_line(refused)
 
 
@@ -306,7 +306,7 @@ def test_a_token_answer_that_is_not_a_token_is_one_line(
     host, handler = hostile
     handler.routes = {**_challenge(f'Bearer realm="http://{host}/token",service="s"'), "/token": (200, {}, answer)}
     with pytest.raises(UserError) as refused:
-        Registry(host, "ci", "s3cret", retries=0).check()
+        Registry(host, Registry.login("ci", "s3cret"), retries=0).check()
     assert needle in one_line(refused) and "s3cret" not in one_line(refused)
 
 
@@ -317,7 +317,9 @@ def test_a_token_is_used_once_the_token_service_grants_it(hostile: tuple[str, ty
         "/token": (200, {}, b'{"token": "t0k"}'),
     }
     with pytest.raises(UserError, match=r"wants credentials|refused"):
-        Registry(host, "ci", "s3cret", retries=0).check()  # /v2/ keeps refusing: the token was sent and refused
+        Registry(
+            host, Registry.login("ci", "s3cret"), retries=0
+        ).check()  # /v2/ keeps refusing: the token was sent and refused
     token_request = next(auth_header for method, path, auth_header in handler.seen if path.startswith("/token"))
     assert token_request == "Basic " + base64.b64encode(b"ci:s3cret").decode()
     assert handler.seen[-1][2] == "Bearer t0k"
@@ -340,7 +342,7 @@ def test_the_client_sends_nothing_to_a_refused_token_service(hostile: tuple[str,
     host, handler = hostile
     handler.routes = _challenge('Bearer realm="http://tokens.example.net/token",service="s"')
     with pytest.raises(UserError) as refused:
-        Registry(host, "ci", "s3cret", retries=0).check()
+        Registry(host, Registry.login("ci", "s3cret"), retries=0).check()
     assert "over plain HTTP on another host" in one_line(refused)
     assert [path for _, path, _ in handler.seen] == ["/v2/"]
 
@@ -500,7 +502,7 @@ def test_an_error_body_that_echoes_the_credentials_is_quoted_without_them(hostil
     pair = base64.b64encode(b"ci:s3cret-pass").decode()
     echo = f'{{"errors": [{{"detail": "bad header Authorization: Basic {pair} for ci:s3cret-pass\\u001b[2J"}}]}}'
     handler.routes = {"/v2/": (200, {}, b"{}"), "/v2/torch/manifests/x": (400, {}, echo.encode())}
-    client = Registry(host, "ci", "s3cret-pass", retries=0)
+    client = Registry(host, Registry.login("ci", "s3cret-pass"), retries=0)
     client.authorization = f"Basic {pair}"
     with pytest.raises(UserError) as caught:
         client.put_manifest("torch", "x", registry.Manifest.of(image_manifest(), OCI_MANIFEST))
