@@ -447,107 +447,153 @@ def test_a_quorum_the_emitted_workflow_cannot_meet_is_refused_in_one_line(
     assert "\n" not in refused.value.line()
 
 
-def _releases_step(grid) -> dict[str, object]:  # type: ignore[no-untyped-def]
-    job = yaml.safe_load(ci.schedule(grid, "github"))["jobs"]["releases"]
-    return next(step for step in job["steps"] if "gh pr create" in step.get("run", ""))
+def _releases_jobs(grid) -> tuple[dict[str, object], dict[str, object]]:  # type: ignore[no-untyped-def]
+    """The step that makes the proposal's patch (no token) and the one that opens the request."""
+    jobs = yaml.safe_load(ci.schedule(grid, "github"))["jobs"]
+    assert jobs["releases"]["permissions"] == {"contents": "read"}  # it runs what locking runs: no write token
+    assert jobs["releases-request"]["needs"] == "releases"
+    assert not any("nox" in step.get("run", "") for step in jobs["releases-request"]["steps"])  # runs no build code
+    propose = next(step for step in jobs["releases"]["steps"] if "--releases" in step.get("run", ""))
+    request = next(step for step in jobs["releases-request"]["steps"] if "gh pr create" in step.get("run", ""))
+    return propose, request
 
 
-def _run_releases_step(grid, repo: Path, tmp_path: Path) -> tuple[int, list[str]]:  # type: ignore[no-untyped-def]
-    """The emitted step's own script, run by bash in `repo` with real git, a bare repository as
-    the remote and a `gh` that records what it is asked (and finds no open issue)."""
-    step = _releases_step(grid)
+def _run_releases_jobs(grid, repo: Path, tmp_path: Path, ok: bool = True) -> tuple[int, list[str]]:  # type: ignore[no-untyped-def]
+    """The emitted steps' own scripts, run by bash with real git: the proposing step's lines after
+    `update` (which the test stands in for) make the patch in `repo`; then, in the same checkout as
+    a fresh one (the patch and text under proposal/, as the artifact brings them), the request
+    step, with a bare repository as the remote and a `gh` that records what it is asked."""
+    propose, request = _releases_jobs(grid)
+    after_update = str(propose["run"]).split("cat releases.md\n", 1)[1]
+    made = subprocess.run(["bash", "-e", "-c", after_update], cwd=repo, capture_output=True, text=True)
+    assert made.returncode == 0, made.stdout + made.stderr
+    (repo / "proposal").mkdir()
+    for name in ("releases.md", "releases.patch"):
+        (repo / name).rename(repo / "proposal" / name)
+    _git(repo, "reset", "--quiet", "--hard")
+    _git(repo, "clean", "--quiet", "-d", "--force", "--exclude", "proposal")
     tools = tmp_path / "tools"
     tools.mkdir(exist_ok=True)
     calls = tmp_path / "gh-calls"
     gh = tools / "gh"
     gh.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n[ "$1 $2" = "issue list" ] && echo 0\nexit 0\n')
     gh.chmod(0o755)
-    env = {**os.environ, **step["env"], "PATH": f"{tools}:{os.environ['PATH']}",  # type: ignore[dict-item]
+    env = {**os.environ, **request["env"], "PATH": f"{tools}:{os.environ['PATH']}",  # type: ignore[dict-item]
            "GH_TOKEN": "t0ken", "RUN_ID": "7", "SERVER_URL": f"file://{tmp_path}", "REPOSITORY": "remote"}  # fmt: skip
-    done = subprocess.run(["bash", "-e", "-c", str(step["run"])], cwd=repo, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = subprocess.run(["bash", "-e", "-c", str(request["run"])], cwd=repo, env=env, capture_output=True, text=True)
+    assert (done.returncode == 0) == ok, done.stdout + done.stderr
     return done.returncode, calls.read_text().splitlines() if calls.exists() else []
+
+
+def _committed_repo(tmp_path: Path, matrix: str) -> Path:
+    repo = tmp_path / "repo"
+    _git(tmp_path, "init", "--quiet", str(repo))
+    (repo / "matrix.yaml").write_text(matrix)
+    (repo / "images").mkdir()
+    (repo / "images" / "plan.json").write_text("{}\n")  # a checkout has its images folder
+    _git(repo, "add", "matrix.yaml", "images")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "--quiet", "-m", "first")
+    return repo
 
 
 def _git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
 
 
-def test_the_daily_releases_step_proposes_a_new_release_in_a_pull_request_with_its_new_cells(
+def test_the_daily_releases_jobs_propose_a_new_release_in_a_pull_request_with_its_new_cells(
     grid,
     tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
-    """Issue 59: what the step does once `update --releases` edited the matrix and rendered a new
-    cell: a branch with exactly those files is pushed, and a pull request carries the proposal."""
-    repo, remote = tmp_path / "repo", tmp_path / "remote.git"
+    """Issue 59: once `update --releases` edited the matrix and rendered a new cell, the job that
+    ran it (no write token) keeps a patch; the request job, which runs none of it, pushes a branch
+    with exactly those files and opens a pull request carrying the proposal."""
+    remote = tmp_path / "remote.git"
     _git(tmp_path, "init", "--quiet", "--bare", str(remote))
-    _git(tmp_path, "init", "--quiet", str(repo))
-    (repo / "matrix.yaml").write_text('axes: {torch: ["2.13.0"]}\n')
-    _git(repo, "add", "matrix.yaml")
-    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "--quiet", "-m", "first")
+    repo = _committed_repo(tmp_path, 'axes: {torch: ["2.13.0"]}\n')
     # What `update --releases` leaves: the matrix edited, a new cell's folder, the proposal's text.
     (repo / "matrix.yaml").write_text('axes: {torch: ["2.14.1"]}\n')
     (repo / "images" / "2.14.1-cu13.0-bookworm-runtime").mkdir(parents=True)
     (repo / "images" / "2.14.1-cu13.0-bookworm-runtime" / "Dockerfile").write_text("FROM scratch\n")
     (repo / "releases.md").write_text("- torch 2.14.1 (CUDA 13.0; Pythons 3.10, 3.11, 3.12, 3.13, 3.14)\n")
-    _, calls = _run_releases_step(grid, repo, tmp_path)
+    _, calls = _run_releases_jobs(grid, repo, tmp_path)
     assert calls == ["pr create --head releases-7 --title New upstream releases the matrix follows "
-                     "--body-file releases.md"]  # fmt: skip
-    pushed = _git(remote, "show", "--name-only", "--format=%s", "releases-7").split()
-    assert {"matrix.yaml", "images/2.14.1-cu13.0-bookworm-runtime/Dockerfile"} <= set(pushed)
-    assert "releases.md" not in pushed  # the proposal is the pull request's text, not a file of the repository
+                     "--body-file proposal/releases.md"]  # fmt: skip
+    pushed = _git(remote, "show", "--name-only", "--format=", "releases-7").split()
+    assert sorted(pushed) == ["images/2.14.1-cu13.0-bookworm-runtime/Dockerfile", "matrix.yaml"]
     assert "t0ken" not in _git(repo, "config", "--list")  # the token reached git for the push only
 
 
-def test_the_daily_releases_step_opens_an_issue_for_a_proposed_base_and_nothing_when_nothing_is_new(
+def test_a_proposal_patch_that_touches_other_files_is_refused_and_nothing_is_pushed(
     grid,
     tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
-    repo = tmp_path / "repo"
-    _git(tmp_path, "init", "--quiet", str(repo))
-    (repo / "matrix.yaml").write_text("axes: {}\n")
-    _git(repo, "add", "matrix.yaml")
-    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "--quiet", "-m", "first")
+    """The patch comes from a job that ran build code: one that reaches past the matrix, images/
+    and data/ (a workflow, say) opens nothing."""
+    repo = _committed_repo(tmp_path, 'axes: {torch: ["2.13.0"]}\n')
+    (repo / "matrix.yaml").write_text('axes: {torch: ["2.14.1"]}\n')
+    (repo / "releases.md").write_text("- torch 2.14.1\n")
+    planted = repo / ".github" / "workflows" / "x.yml"
+    planted.parent.mkdir(parents=True)
+    planted.write_text("on: push\n")
+    _git(repo, "add", str(planted))  # staged beside what the proposing step adds
+    code, calls = _run_releases_jobs(grid, repo, tmp_path, ok=False)
+    assert code == 1 and calls == []
+
+
+def test_the_daily_releases_jobs_open_an_issue_for_a_proposed_base_and_nothing_when_nothing_is_new(
+    grid,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    repo = _committed_repo(tmp_path, "axes: {}\n")
     (repo / "releases.md").write_text("No new upstream release that `follow:` asks for.\n")
-    assert _run_releases_step(grid, repo, tmp_path)[1] == []
+    assert _run_releases_jobs(grid, repo, tmp_path)[1] == []
+    _git(repo, "clean", "--quiet", "-d", "--force")
     (repo / "releases.md").write_text("- new base proposed\n\nA base for resolute, to add to `bases:`\n")
-    calls = _run_releases_step(grid, repo, tmp_path)[1]
+    calls = _run_releases_jobs(grid, repo, tmp_path)[1]
     assert [call.split(" --")[0] for call in calls] == ["issue list", "issue create"]
-    assert "--body-file releases.md" in calls[1]
+    assert "--body-file proposal/releases.md" in calls[1]
 
 
-def test_the_gitlab_releases_job_pushes_the_moved_matrix_with_a_merge_request_and_nothing_else(
+def test_the_gitlab_releases_jobs_push_the_moved_matrix_with_a_merge_request_and_nothing_else(
     grid,
     tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
-    """The GitLab schedule's releases job, its last script block run by bash with real git: the
-    push goes to a bare repository standing in for GitLab (git's insteadOf), which takes push
-    options as GitLab does, and carries exactly the matrix and the new cell's folder."""
-    job = yaml.safe_load(ci.schedule(grid, "gitlab"))["releases"]
-    assert job["rules"] == [{"if": '$CI_PIPELINE_SOURCE == "schedule"'}]
+    """The GitLab schedule's two releases jobs, their own script blocks run by bash with real git:
+    the one that runs `update` (in no environment, so a token scoped to `torch-images-push` never
+    reaches it) keeps a patch; the request job, which runs none of it, pushes to a bare repository
+    standing in for GitLab (git's insteadOf) that takes push options as GitLab does."""
+    schedule = yaml.safe_load(ci.schedule(grid, "gitlab"))
+    job, request = schedule["releases"], schedule["releases-request"]
+    assert job["rules"] == request["rules"] == [{"if": '$CI_PIPELINE_SOURCE == "schedule"'}]
+    assert "environment" not in job and request["environment"]["name"] == "torch-images-push"
+    assert request["needs"] == ["releases"] and not any("nox" in line for line in request["script"])
     assert job["script"][:3] == ["./nox -s engine", "./nox -s update -- --releases --markdown > releases.md",
                                  "cat releases.md"]  # fmt: skip
-    block = job["script"][3]
-    repo, remote = tmp_path / "repo", tmp_path / "remote.git"
+    remote = tmp_path / "remote.git"
     _git(tmp_path, "init", "--quiet", "--bare", str(remote))
     _git(remote, "config", "receive.advertisePushOptions", "true")
-    _git(tmp_path, "init", "--quiet", str(repo))
-    (repo / "matrix.yaml").write_text('axes: {torch: ["2.13.0"]}\n')
-    _git(repo, "add", "matrix.yaml")
-    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "--quiet", "-m", "first")
+    repo = _committed_repo(tmp_path, 'axes: {torch: ["2.13.0"]}\n')
     env = {**os.environ, "CI_PIPELINE_ID": "7", "CI_SERVER_HOST": "gitlab.invalid", "CI_PROJECT_PATH": "remote",
-           "CI_DEFAULT_BRANCH": "main", "CI_JOB_URL": "https://gitlab.invalid/job/1",
+           "CI_DEFAULT_BRANCH": "main", "CI_PIPELINE_URL": "https://gitlab.invalid/pipeline/1",
            "TORCH_IMAGES_PUSH_TOKEN": "t0ken",
            "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": f"url.file://{tmp_path}/.insteadOf",
            "GIT_CONFIG_VALUE_0": "https://gitlab.invalid/"}  # fmt: skip
-    unmoved = subprocess.run(["bash", "-e", "-c", block], cwd=repo, env=env, capture_output=True, text=True)
+
+    def run_jobs() -> subprocess.CompletedProcess[str]:
+        made = subprocess.run(["bash", "-e", "-c", job["script"][3]], cwd=repo, capture_output=True, text=True)
+        assert made.returncode == 0, made.stderr
+        _git(repo, "reset", "--quiet", "--hard")  # the request job's fresh checkout, with the artifacts
+        _git(repo, "clean", "--quiet", "-d", "--force", "--exclude", "releases.patch", "--exclude", "releases.md")
+        return subprocess.run(["bash", "-e", "-c", request["script"][0]], cwd=repo, env=env, capture_output=True,
+                              text=True)  # fmt: skip
+
+    unmoved = run_jobs()
     assert unmoved.returncode == 0 and "did not move" in unmoved.stdout
     (repo / "matrix.yaml").write_text('axes: {torch: ["2.14.1"]}\n')
     (repo / "images" / "2.14.1-cu13.0-bookworm-runtime").mkdir(parents=True)
     (repo / "images" / "2.14.1-cu13.0-bookworm-runtime" / "Dockerfile").write_text("FROM scratch\n")
-    (repo / "releases.md").write_text("- torch 2.14.1\n")
-    moved = subprocess.run(["bash", "-e", "-c", block], cwd=repo, env=env, capture_output=True, text=True)
+    moved = run_jobs()
     assert moved.returncode == 0, moved.stdout + moved.stderr
-    pushed = _git(remote, "show", "--name-only", "--format=%s", "releases-7").split()
-    assert {"matrix.yaml", "images/2.14.1-cu13.0-bookworm-runtime/Dockerfile"} <= set(pushed)
-    assert "releases.md" not in pushed and "t0ken" not in _git(repo, "config", "--list")
+    pushed = _git(remote, "show", "--name-only", "--format=", "releases-7").split()
+    assert sorted(pushed) == ["images/2.14.1-cu13.0-bookworm-runtime/Dockerfile", "matrix.yaml"]
+    assert "t0ken" not in _git(repo, "config", "--list")
