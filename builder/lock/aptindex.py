@@ -129,7 +129,7 @@ def listed_sha256(release: str, name: str) -> str | None:
     return None
 
 
-def _packages_file(base: BaseImage, suite: str, component: str, release: str, mirror: str | None = None) -> Path:
+def packages_file(base: BaseImage, suite: str, component: str, release: str, mirror: str | None = None) -> Path:
     """The component's Packages.xz for the base's architecture, from the cache or the mirror,
     checked against the sha256 the signed Release lists."""
     mirror = mirror or base.mirror
@@ -170,7 +170,7 @@ def _suite_packages(base: BaseImage, mirror: str, suite: str, scratch: Path, sou
     for component in base.components:
         if source and listed_sha256(release, f"{component}/binary-{base.arch}/Packages.xz") is None:
             continue  # a security suite may carry fewer components than the release
-        with lzma.open(_packages_file(base, suite, component, release, mirror)) as xz:
+        with lzma.open(packages_file(base, suite, component, release, mirror)) as xz:
             found.update(parse_packages(xz.read().decode(), source))
     return found
 

@@ -114,26 +114,32 @@ def newest_lts(table: str, today: date) -> Release:
 def propose(template: BaseImage, release: Release) -> ProposedBase:
     """A base for `release`: its glibc, Python and keyring package from its own main component."""
     packages = _main_packages(template, release.codename)
-    keyring = packages.get(KEYRING_PACKAGE[release.distro])
+    keyring = _newest(packages, KEYRING_PACKAGE[release.distro])
     if keyring is None:
         raise UserError(f"{template.mirror} {release.codename}: main lists no {KEYRING_PACKAGE[release.distro]}")
     return ProposedBase(
         release,
         glibc=_upstream_minor(packages, "libc6", template, release),
         python=_upstream_minor(packages, "python3", template, release),
-        keyring_deb=f"{template.mirror}/{keyring['Filename']}",
-        keyring_sha256=keyring["SHA256"],
+        keyring_deb=f"{template.mirror}/{keyring[1].path}",
+        keyring_sha256=keyring[1].sha256,
         template=template,
     )
 
 
-def _upstream_minor(packages: dict[str, deb822.Packages], name: str, template: BaseImage, release: Release) -> str:
+def _upstream_minor(packages: aptindex.Index, name: str, template: BaseImage, release: Release) -> str:
     """2.43 of libc6's 2.43-0ubuntu3, 3.14 of python3's 3.14.2-1."""
-    stanza = packages.get(name)
-    match = re.match(r"(?:\d+:)?(\d+\.\d+)", stanza["Version"]) if stanza else None
+    found = _newest(packages, name)
+    match = re.match(r"(?:\d+:)?(\d+\.\d+)", found[0]) if found else None
     if match is None:
         raise UserError(f"{template.mirror} {release.codename}: main lists no {name} with a version like 2.43")
     return match.group(1)
+
+
+def _newest(packages: aptindex.Index, name: str) -> tuple[str, aptindex.ArchiveFile] | None:
+    """The version and file of `name` in an index (the one listed last, where a suite lists two)."""
+    found = [(pin.split("=", 1)[1], file) for pin, file in packages.items() if pin.split("=", 1)[0] == name]
+    return found[-1] if found else None
 
 
 def _signed_release(template: BaseImage, suite: str) -> str:
@@ -149,20 +155,12 @@ def _field(release: str, name: str, template: BaseImage) -> str:
     return value
 
 
-def _main_packages(template: BaseImage, suite: str) -> dict[str, deb822.Packages]:
-    """The suite's main Packages for the template's architecture, by package name (the newest
-    stanza of each), read from the file the signed Release names by its sha256."""
+def _main_packages(template: BaseImage, suite: str) -> aptindex.Index:
+    """The suite's main Packages for the template's architecture, read as `lock` reads it: from the
+    file the signed Release names by its sha256 (aptindex)."""
     release = _signed_release(template, suite)
-    name = f"main/binary-{template.arch}/Packages.xz"
-    expected = aptindex.listed_sha256(release, name)
-    if expected is None:
-        raise UserError(f"{template.mirror} {suite}: its signed Release lists no {name}")
-    cached = paths.cache_dir("apt-indexes") / expected / "Packages.xz"
-    url = f"{template.mirror}/dists/{suite}/{name}"
-    with lzma.open(debfile.fetch(url, expected, cached, "its signed Release says")) as xz:
-        text = xz.read().decode()
-    stanzas = deb822.Packages.iter_paragraphs(io.StringIO(text), use_apt_pkg=False)
-    return {str(stanza["Package"]): stanza for stanza in stanzas}
+    with lzma.open(aptindex.packages_file(template, suite, "main", release)) as xz:
+        return aptindex.parse_packages(xz.read().decode())
 
 
 def _ubuntu_csv(template: BaseImage) -> str:
@@ -170,12 +168,12 @@ def _ubuntu_csv(template: BaseImage) -> str:
     suite where it names none)."""
     updates = f"{template.suite}-updates"
     suite = updates if updates in template.extra_suites else template.suite
-    stanza = _main_packages(template, suite).get("distro-info-data")
-    if stanza is None:
+    found = _newest(_main_packages(template, suite), "distro-info-data")
+    if found is None:
         raise UserError(f"{template.mirror} {suite}: main lists no distro-info-data")
-    sha256 = str(stanza["SHA256"])
+    sha256 = found[1].sha256
     cached = paths.cache_dir("debs") / sha256 / "distro-info-data.deb"
-    deb = debfile.fetch(f"{template.mirror}/{stanza['Filename']}", sha256, cached, "its signed Packages says")
+    deb = debfile.fetch(f"{template.mirror}/{found[1].path}", sha256, cached, "its signed Packages says")
     root = debfile.unpacked(deb, cached.parent / "root", sha256)
     table = root / UBUNTU_CSV
     if table.is_symlink() or not table.is_file() or table.stat().st_size > MAX_CSV_BYTES:

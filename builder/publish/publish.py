@@ -456,18 +456,17 @@ def _attach_soci(publisher: Publisher, item: Publication) -> None:
     kind = publisher.grid.spec.publish.soci_index
     key = publisher.signer.public_key if publisher.signer else None
     image = registry.manifest(repository, item.digest)
+    if image is None:
+        raise UserError(f"{repository}@{item.digest[:19]}: not in the registry as a gzip image manifest; no index made")
     enabled_tag = soci.enabled_tag(item.target)
     want_v1 = kind in ("v1", "both") and soci.attached(door, item, key) is None
-    want_v2 = kind in ("v2", "both") and (
-        image is None or soci.enabled_ztocs(registry, repository, enabled_tag, image) is None
-    )
-    if not (want_v1 or want_v2) or image is None:
+    want_v2 = kind in ("v2", "both") and soci.enabled_ztocs(registry, repository, enabled_tag, image) is None
+    if not (want_v1 or want_v2):
         return
-    index, ztocs = soci.made_index(registry, repository, item.digest, soci.tools(publisher.images), publisher.report)
+    index, ztocs = soci.made_index(registry, repository, image, soci.tools(publisher.images), publisher.report)
     if want_v1:
-        door.attach_manifest(item.digest, index, soci.INDEX_TYPE)
+        soci.attach_v1(door, item.digest, index, ztocs, publisher.report)
         item.attached = [*item.attached, "SOCI index"]
-        publisher.report(f"{item.target}: SOCI index {index.digest[:19]} attached ({len(ztocs)} layers indexed)")
         if publisher.signer is not None:  # what a later publish keeps: only an index the key names
             about = provenance.Subject(f"{publisher.grid.spec.registry}/{publisher.repository}", item.digest,
                                        item.image_id, item.build_id)  # fmt: skip

@@ -187,24 +187,28 @@ def attached(door: attachments.Door, item: Publication, key: SSlibKey | None) ->
 def attach_index(door: attachments.Door, digest: str, found: Tools, report: Report) -> str:
     """Make the v1 SOCI index of the image `repository@digest` and push it, a referrer of the
     image's manifest; returns the index's digest."""
-    index, ztocs = made_index(door.registry, door.repository, digest, found, report)
-    door.attach_manifest(digest, index, INDEX_TYPE)
-    report(f"{door.repository}@{digest[:19]}: SOCI index {index.digest[:19]} attached ({len(ztocs)} layers indexed)")
+    image = door.registry.manifest(door.repository, digest)
+    if image is None:
+        raise UserError(f"{door.repository}@{digest[:19]}: not in the registry; no index made")
+    index, ztocs = made_index(door.registry, door.repository, image, found, report)
+    attach_v1(door, digest, index, ztocs, report)
     return index.digest
 
 
+def attach_v1(door: attachments.Door, digest: str, index: Manifest, ztocs: list[str], report: Report) -> None:
+    """The v1 index (its zTOCs already pushed), a referrer of the image's manifest."""
+    door.attach_manifest(digest, index, INDEX_TYPE)
+    report(f"{door.repository}@{digest[:19]}: SOCI index {index.digest[:19]} attached ({len(ztocs)} layers indexed)")
+
+
 def made_index(
-    registry: Registry, repository: str, digest: str, found: Tools, report: Report
+    registry: Registry, repository: str, image: Manifest, found: Tools, report: Report
 ) -> tuple[Manifest, list[str]]:
-    """soci's v1 index of the image `repository@digest`, checked to be this image's, with its
+    """soci's v1 index of `image` (as the registry serves it), checked to be this image's, with its
     zTOCs (and the index's empty config) pushed to the repository; the index itself is not."""
-    image = registry.manifest(repository, digest)
-    layers = json.loads(image.body).get("layers", []) if image is not None else []
-    if (
-        image is None
-        or image.media_type not in IMAGE_TYPES
-        or not all("gzip" in str(layer.get("mediaType")) for layer in layers)
-    ):
+    digest = image.digest
+    layers = json.loads(image.body).get("layers", [])
+    if image.media_type not in IMAGE_TYPES or not all("gzip" in str(layer.get("mediaType")) for layer in layers):
         raise UserError(f"{repository}@{digest[:19]}: not in the registry as a gzip image manifest; no index made")
     report(f"making the SOCI index of {repository}@{digest[:19]}: fetching its gzip form")
     name = f"torch-images.invalid/{repository}@{digest}"  # a name in containerd only, never pulled
