@@ -9,10 +9,12 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import docker
+import requests
 
 from builder.assemble.context import context_tar
 from builder.engine import emulation
@@ -36,39 +38,74 @@ class BuildRequest:
 
 
 STEP_IMAGE = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
+FROM_CACHE = " ---> Using cache"
+FROM_STEP = re.compile(r"^Step \d+/\d+ : FROM ", re.IGNORECASE)
 
 
 def classic_build(
     engine: docker.DockerClient, request: BuildRequest, report: Report, steps: list[str] | None = None
 ) -> str:
     """Run the build with the engine's classic builder, reporting each step; returns the
-    engine's error, or "" on success. The image each finished step made is appended to `steps`:
-    after a failure the last one holds the steps that succeeded, for the caller to remove."""
+    engine's error, or "" on success. The image each step made is appended to `steps` (the base
+    a FROM names, and a step taken from the engine's cache, are others' and are not): after a
+    failure or an interruption the caller removes them."""
     cell = request.cell
     emulation.ensure(cell.base.arch, report)  # another architecture's RUN steps run under qemu
-    stream = engine.api.build(
-        fileobj=context_tar(cell, request.epoch),
-        custom_context=True,
-        dockerfile=request.dockerfile,
-        tag=request.reference,
-        buildargs={"BASE_IMAGE": request.base_reference},
-        labels=request.labels,
-        network_mode="host",
-        platform=cell.platform,  # another architecture's RUN steps run under emulation
-        rm=True,
-        forcerm=True,
-        decode=True,
-        nocache=request.no_cache,
-    )
+    with _closed_on_exit(engine):
+        stream = engine.api.build(
+            fileobj=context_tar(cell, request.epoch),
+            custom_context=True,
+            dockerfile=request.dockerfile,
+            tag=request.reference,
+            buildargs={"BASE_IMAGE": request.base_reference},
+            labels=request.labels,
+            network_mode="host",
+            platform=cell.platform,  # another architecture's RUN steps run under emulation
+            rm=True,
+            forcerm=True,
+            decode=True,
+            nocache=request.no_cache,
+        )
+        return _follow(stream, cell, report, steps)
+
+
+@contextlib.contextmanager
+def _closed_on_exit(engine: docker.DockerClient) -> Iterator[None]:
+    """Keep the responses the engine's client opens inside the block, and close them at its end.
+
+    The classic builder runs for as long as its client reads: an interrupted build (SIGTERM,
+    Ctrl-C) that only dropped the stream would leave the connection open while the traceback
+    holds it, and the engine would go on running the step in flight, which keeps its parent
+    step images from being removed. A closed connection makes the engine cancel the build."""
+    opened: list[requests.Response] = []
+
+    def keep(response: requests.Response, *args: object, **kwargs: object) -> None:
+        opened.append(response)
+
+    hooks = engine.api.hooks.setdefault("response", [])
+    hooks.append(keep)
+    try:
+        yield
+    finally:
+        hooks.remove(keep)
+        for response in opened:
+            response.close()
+
+
+def _follow(stream: Iterator[dict[str, object]], cell: Cell, report: Report, steps: list[str] | None) -> str:
+    """Read a classic build's stream to its end: its error, or "" when it built."""
     last_lines: list[str] = []
+    others = False  # the image the stream names next is not this build's: the base (FROM) or a cached step
     for chunk in stream:
         if "error" in chunk:
             tail = " | ".join(line for line in last_lines[-3:] if line)
-            return f"{chunk['error'].strip()} ({tail})" if tail else chunk["error"].strip()
-        text = chunk.get("stream", "").rstrip()
+            return f"{str(chunk['error']).strip()} ({tail})" if tail else str(chunk["error"]).strip()
+        text = str(chunk.get("stream", "")).rstrip()
         made = STEP_IMAGE.match(text)
-        if made and steps is not None:
+        if made and steps is not None and not others:
             steps.append(made.group(1))
+        if text:
+            others = text == FROM_CACHE or bool(FROM_STEP.match(text.strip()))
         text = text.strip()
         if text:
             last_lines = [*last_lines[-5:], text]

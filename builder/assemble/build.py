@@ -265,6 +265,7 @@ def build_cell(
     request = BuildRequest(cell, reference, base_reference, epoch, options.no_cache, labels)
     mark = time.monotonic()
     step_images: list[str] = []
+    tagged_before = _tagged(engine, reference)
     try:
         with wheelserver.serve(house, grid.spec.wheelhouse.listen):
             if options.backend == "buildkit":
@@ -293,6 +294,13 @@ def build_cell(
             result.intermediate = _untag_raw(engine, reference, raw_id)
             result.state, result.detail = BuildState.FAILED, refused.line()
             return result
+        except BaseException:
+            # Interrupted in the canonical pass: the tag goes back to what it named before the
+            # build (the engine moved it to the raw image, which nothing checked), and the raw
+            # image goes with its steps.
+            _put_tag_back(engine, reference, tagged_before)
+            _remove_steps(engine, [*step_images, raw_id])
+            raise
         result.phases["normalize"] = time.monotonic() - mark
         result.phases.update({f"normalize.{name}": seconds for name, seconds in canonical.seconds.items()})
         result.seconds = time.monotonic() - started
@@ -334,12 +342,65 @@ def built_by(image_id: str) -> str | None:
     return name if ok else None
 
 
+STEPS_GONE_S = 60  # how long an interrupted build waits for its engine to let go of the step in flight
+
+
 def _remove_steps(engine: docker.DockerClient, step_images: list[str]) -> None:
-    """Remove the images an unfinished build's steps made, newest first (each is the parent of
-    the one after it), and whatever is left dangling of them; errors are not ours to raise here."""
-    for image in reversed(step_images):
+    """Remove the images an unfinished build's steps made, and any untagged step the engine
+    committed after the last one the stream named, newest first; errors are not ours to raise here.
+
+    After an interruption the engine is still stopping the step in flight (measured: a removal
+    in the same second as the signal found the step's container being made, and the steps below
+    it stayed), so what is left is tried again, twice a second, until it is gone or a minute passed."""
+    if not step_images:
+        return
+    deadline = time.monotonic() + STEPS_GONE_S
+    while left := _untagged_present(engine, [*_untagged_descendants(engine, step_images[-1]), *reversed(step_images)]):
+        for image in left:
+            with contextlib.suppress(docker.errors.APIError, OSError):
+                engine.images.remove(image, force=True, noprune=False)
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.5)
+
+
+def _untagged_present(engine: docker.DockerClient, images: list[str]) -> list[str]:
+    """Those of `images` the engine still holds and no tag names: a tagged image is someone's (the
+    base a FROM names, say), never a step's."""
+    present = []
+    for image in images:
         with contextlib.suppress(docker.errors.APIError, OSError):
-            engine.images.remove(image, force=True, noprune=False)
+            if not engine.images.get(image).tags:
+                present.append(image)
+    return present
+
+
+def _untagged_descendants(engine: docker.DockerClient, image: str) -> list[str]:
+    """The untagged images made on top of `image`, deepest first (the classic builder records
+    each step's parent)."""
+    children: dict[str, list[str]] = {}
+    tagged: set[str] = set()
+    with contextlib.suppress(docker.errors.APIError, OSError):
+        for listed in engine.images.list(all=True):
+            children.setdefault(str(listed.attrs.get("ParentId", "")), []).append(str(listed.id))
+            if listed.tags:
+                tagged.add(str(listed.id))
+    found: list[str] = []
+    below = [image if image.startswith("sha256:") else _full_id(engine, image)]
+    while below:
+        parent = below.pop()
+        for child in children.get(parent, []):
+            if child not in tagged:
+                found.append(child)
+                below.append(child)
+    return list(reversed(found))
+
+
+def _full_id(engine: docker.DockerClient, short: str) -> str:
+    try:
+        return str(engine.images.get(short).id)
+    except (docker.errors.APIError, OSError):
+        return short
 
 
 def contradicts_record(engine: docker.DockerClient, result: BuildResult, said: str) -> None:
@@ -367,6 +428,22 @@ def recorded_in_registry(cell: Cell) -> str | None:
     path = paths.cache_dir(IN_REGISTRY_DIR) / cell.name
     text = confined.read_bytes(path, 256).decode(errors="replace").strip() if path.exists() else ""
     return text if grammar.BUILD_ID.matches(text) else None
+
+
+def _tagged(engine: docker.DockerClient, reference: str) -> str | None:
+    try:
+        return str(engine.images.get(reference).id)
+    except docker.errors.ImageNotFound:
+        return None
+
+
+def _put_tag_back(engine: docker.DockerClient, reference: str, image_id: str | None) -> None:
+    """`reference` names `image_id` again (or nothing, where it named nothing); errors are not
+    ours to raise here, on the way out of an interruption."""
+    with contextlib.suppress(docker.errors.APIError, OSError):
+        engine.api.remove_image(reference, noprune=True)
+        if image_id:
+            engine.images.get(image_id).tag(*reference.rsplit(":", 1))
 
 
 def _untag_raw(engine: docker.DockerClient, reference: str, raw_id: str) -> str:

@@ -128,7 +128,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         for cell in cells:
             published = functools.partial(_published_or_unknown, registry, grid, cell) if registry else None
-            results.append(_build_and_test(client, grid, checked[cell.name], house, args, published))
+            # Kept before the self-test runs: an interrupted self-test leaves the run's
+            # intermediates to the clean-up below, as a finished one does.
+            results.append(_build(client, grid, checked[cell.name], house, args, published))
+            _self_test(client, results[-1], args)
     finally:
         if args.keep_build_cache:
             for name in build.keep_intermediates(client, results):
@@ -167,7 +170,7 @@ def _published_or_unknown(registry: Registry, grid: matrix.Matrix, cell: Cell, b
         return False
 
 
-def _build_and_test(
+def _build(
     client: docker.DockerClient,
     grid: matrix.Matrix,
     locks: CellLocks,
@@ -188,21 +191,25 @@ def _build_and_test(
                 build.contradicts_record(client, result, said)
         if result.layers:
             report(f"{cell.name}: layers " + ", ".join(size.human(b) for _, b in result.layers))
-        if result.has_image and not args.no_smoke:
-            # --no-cache redoes everything: a report from an earlier run would leave a change to
-            # how the self-test runs untried (CI builds the flagship so).
-            known = None if args.no_cache else smoke.passing_report(result.image_id)
-            if known is not None:
-                result.notes.append("self-test pass (earlier run, same image ID)")
-            else:
-                report(f"{cell.name}: running the self-test in the image")
+    return result
+
+
+def _self_test(client: docker.DockerClient, result: build.BuildResult, args: argparse.Namespace) -> None:
+    """The self-test of a built image, then the cell's one line."""
+    if result.has_image and not args.no_smoke:
+        # --no-cache redoes everything: a report from an earlier run would leave a change to
+        # how the self-test runs untried (CI builds the flagship so).
+        known = None if args.no_cache else smoke.passing_report(result.image_id)
+        if known is not None:
+            result.notes.append("self-test pass (earlier run, same image ID)")
+        else:
+            with progress(f"{result.cell}: running the self-test in the image"):
                 verdict = smoke.run(client, result.reference)
-                result.notes.append(f"self-test {verdict.status}")
-                result.detail = verdict.summary
-                if verdict.status != "pass":
-                    result.state = build.BuildState.SELFTEST_FAILED
+            result.notes.append(f"self-test {verdict.status}")
+            result.detail = verdict.summary
+            if verdict.status != "pass":
+                result.state = build.BuildState.SELFTEST_FAILED
     console.print(
-        f"{cell.name}: {result.status} ({result.detail})" if result.detail else f"{cell.name}: {result.status}",
+        f"{result.cell}: {result.status} ({result.detail})" if result.detail else f"{result.cell}: {result.status}",
         highlight=False,
     )
-    return result

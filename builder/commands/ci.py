@@ -22,7 +22,7 @@ def add(register: Register) -> None:
     ci_cmd = register(
         "ci",
         "print a CI workflow: a job per cell (build, self-test, stage), a GPU stage per CUDA cell, then one "
-        "promote job; or, with --schedule, the daily security job",
+        "promote job; or, with --schedule, the daily security (and releases) jobs",
         NEEDS_NOTHING + " Reads the plan; the jobs run the same nox sessions a user runs.",
     )
     ci_cmd.add_argument("system", choices=ci.SYSTEMS, help="github (Actions) or gitlab (GitLab CI)")
@@ -44,9 +44,10 @@ def add(register: Register) -> None:
     ci_cmd.add_argument(
         "--schedule",
         action="store_true",
-        help="print the daily security workflow instead: audit, update --security, and a pull (merge) request when "
-        "a lock moved (GitHub: .github/workflows/torch-images-security.yml; GitLab: .gitlab/torch-images-security.yml, "
-        "which the fan-out includes)",
+        help="print the daily security workflow instead: audit and update --security in a job with no write token, "
+        "and a job that runs none of it opens a pull (merge) request when a lock moved; with the matrix's follow: key, "
+        "the same pair for update --releases (GitHub: .github/workflows/torch-images-security.yml; GitLab: "
+        ".gitlab/torch-images-security.yml, which the fan-out includes)",
     )
     ci_cmd.add_argument("--output", metavar="FILE", help="write the workflow there (default: standard output)")
     ci_cmd.set_defaults(func=run)

@@ -5,7 +5,10 @@ runs, through the wheelhouse (builder/wheelhouse/tools.py), unpack the same way.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -50,18 +53,46 @@ def fetch(url: str, sha256: str, cached: Path, expected_by: str, unreachable: st
 
 
 def unpacked(deb: Path, root: Path, stamp: str) -> Path:
-    """The package's files under `root`, unpacked once (`stamp` says what is there)."""
+    """The package's files under `root`, unpacked once and checked on every use: the stamp file
+    holds `stamp` (what is there) and the digest of the tree as it was unpacked, so a changed,
+    added or linked file in the cache (a restored CI cache, say) is unpacked again, never run."""
     done = root / ".unpacked"
-    if done.is_file() and done.read_text() == stamp + "\n":
+    if done.is_file() and not done.is_symlink() and done.read_text() == f"{stamp}\n{tree_digest(root)}\n":
         return root
     if shutil.which("dpkg-deb") is None:
         raise UserError(f"unpacking {deb.name} needs dpkg-deb (Debian's and Ubuntu's dpkg package)")
+    if root.is_symlink():
+        root.unlink()
     shutil.rmtree(root, ignore_errors=True)
+    root.parent.mkdir(parents=True, exist_ok=True)
     result = subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], capture_output=True, check=False)
     if result.returncode != 0:
         raise UserError(f"dpkg-deb could not unpack {deb.name}: {result.stderr.decode(errors='replace')[-200:]}")
-    done.write_text(stamp + "\n")
+    done.write_text(f"{stamp}\n{tree_digest(root)}\n")
     return root
+
+
+def tree_digest(root: Path) -> str:
+    """The sha256 of a folder's tree: each entry's path, kind, mode, and its bytes or link
+    target, in path order (the stamp file left out)."""
+    digest = hashlib.sha256()
+    if root.is_symlink() or not root.is_dir():
+        return ""
+    for path in sorted(root.rglob("*")):
+        relative = path.relative_to(root).as_posix()
+        if relative == ".unpacked":
+            continue
+        info = path.lstat()
+        if stat.S_ISLNK(info.st_mode):
+            described = f"l {os.readlink(path)}"
+        elif stat.S_ISREG(info.st_mode):
+            described = f"f {digests.sha256_file(path)}"
+        elif stat.S_ISDIR(info.st_mode):
+            described = "d"
+        else:
+            described = f"? {info.st_mode}"
+        digest.update(f"{relative}\0{stat.S_IMODE(info.st_mode):o}\0{described}\n".encode())
+    return digest.hexdigest()
 
 
 def tool_root(name: str, version: str, sha256: str) -> Path:

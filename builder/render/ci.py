@@ -23,6 +23,11 @@ CELL_TIMEOUT_MINUTES = 150  # a CUDA cell: about 3 GB of wheels, a 6 GB image, n
 GPU_TIMEOUT_MINUTES = 60  # a pull of about 3 GB and the self-test on the GPU
 # Where the builder keeps wheels, .debs and bootstrapped bases (TORCH_IMAGES_CACHE): the CI cache.
 CACHE_DIR = ".cache/torch-images"
+# What a CI cache carries from run to run: only entries that prove themselves on use (a wheel, a
+# .deb, a Packages index and a keyring by the sha256 a lock or a signed index gives, a base rootfs
+# by its digest and the cell's recorded build). Records the builder derives (image IDs by engine ID,
+# normalized images, reports, compressed-layer digests) and unpacked tools stay on their machine.
+CI_CACHED = ("wheelhouse", "debs", "apt-indexes", "keyrings", "bases")
 # Where `ci gitlab --schedule` is kept: the fan-out includes it from there when it exists.
 GITLAB_SCHEDULE_FILE = ".gitlab/torch-images-security.yml"
 
@@ -83,6 +88,7 @@ def workflow(grid: Matrix, system: str, registry: str | None = None, names: list
         "timeout_minutes": CELL_TIMEOUT_MINUTES,
         "gpu_timeout_minutes": GPU_TIMEOUT_MINUTES,
         "cache_dir": CACHE_DIR,
+        "cached": CI_CACHED,
         "actions": pinned_actions(),
         "schedule_file": GITLAB_SCHEDULE_FILE,
         "github_attestations": grid.spec.ci.github_attestations,

@@ -32,6 +32,7 @@ from typing import IO, Any
 
 import docker
 import docker.errors
+import docker.models.images
 
 from builder import times
 from builder.digests import canonical_json
@@ -51,22 +52,33 @@ def _mapping_file() -> Path:
     return manifests.cache_dir() / "normalized.json"
 
 
-def _known_normalized(engine: docker.DockerClient, raw_id: str) -> str | None:
-    path = _mapping_file()
-    mapping = json.loads(path.read_text()) if path.exists() else {}
-    known = mapping.get(raw_id)
-    if known:
-        try:
-            engine.images.get(known)
-            return str(known)
-        except docker.errors.ImageNotFound:
-            return None
-    return None
+def _read_mapping(path: Path) -> dict[str, str]:
+    """The cache's raw -> normalized mapping; a link, or anything but a JSON object, is none."""
+    try:
+        loaded = json.loads(path.read_text()) if path.is_file() and not path.is_symlink() else {}
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in loaded.items() if isinstance(v, str)} if isinstance(loaded, dict) else {}
+
+
+def _known_normalized(engine: docker.DockerClient, raw: docker.models.images.Image) -> str | None:
+    """The normalized image the cache remembers for this raw build, when the engine still has it
+    and it carries the raw image's labels (its build ID among them): the mapping is a cache entry,
+    and one pointed at another image is not taken on its word."""
+    known = _read_mapping(_mapping_file()).get(str(raw.id))
+    if not known:
+        return None
+    try:
+        image = engine.images.get(known)
+    except docker.errors.ImageNotFound:
+        return None
+    labels = (image.attrs.get("Config") or {}).get("Labels")
+    return str(image.id) if labels and labels == (raw.attrs.get("Config") or {}).get("Labels") else None
 
 
 def _remember(raw_id: str, normalized_id: str) -> None:
     path = _mapping_file()
-    mapping = json.loads(path.read_text()) if path.exists() else {}
+    mapping = _read_mapping(path)
     mapping[raw_id] = normalized_id
     temporary = path.with_suffix(f".{os.getpid()}.tmp")  # two processes at once never share one
     temporary.write_text(json.dumps(mapping, indent=1))
@@ -255,7 +267,7 @@ def normalize_image(
     the image it was built FROM. Returns the pass, whose image_id is the canonical config's digest."""
     done = Pass()
     raw = engine.images.get(reference)
-    known = _known_normalized(engine, raw.id)
+    known = _known_normalized(engine, raw)
     if known:
         engine.images.get(known).tag(*reference.rsplit(":", 1))
         done.image_id = ids.config_digest(engine, known)

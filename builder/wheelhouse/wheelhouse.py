@@ -149,6 +149,10 @@ class Wheelhouse:
         A file is read again only when its size, inode or change time differ from the last
         check's: writing to a file, even with its mtime put back, changes its ctime.
         """
+        if path.is_symlink():  # the cache holds files; a link could be pointed elsewhere after the check
+            self.report(f"cached {path.name} is a link; removed, fetching it again")
+            path.unlink()
+            return False
         if not path.is_file():
             return False
         stamp = self._stamp_path(path)
@@ -279,5 +283,10 @@ class Wheelhouse:
             return None
         found = re.findall(r'href="\.\./\.\./(sha256/[0-9a-f]{2}/([0-9a-f]{64})/[^"#/]+)#', index.read_text())
         if len(found) != len(lock.packages):
+            return None
+        # The page is a cache entry too: each file it names must be one the lock pins, one per package.
+        pinned = {digest: name for name, package in lock.packages.items() for digest in package.hashes}
+        if {pinned.get(digest) for _, digest in found} != set(lock.packages):
+            self.report(f"{page}index.html names files the lock does not pin; choosing them again")
             return None
         return found

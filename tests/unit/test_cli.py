@@ -252,7 +252,8 @@ def test_build_no_cache_runs_the_self_test_again_even_with_an_earlier_pass_of_th
         image_id, "pass", {"checks": []}, Path("report.json"), 1.0))  # fmt: skip
     args = cli.build_parser().parse_args(["build", *(["--no-cache"] if no_cache else []), cell.name])
     locks = inputs.read(cell, grid)
-    result = build_command._build_and_test(None, grid, locks, None, args)  # type: ignore[arg-type]
+    result = build_command._build(None, grid, locks, None, args)  # type: ignore[arg-type]
+    build_command._self_test(None, result, args)  # type: ignore[arg-type]
     assert (ran == ["torch:x"]) == tested_again
     assert result.notes[-1] == ("self-test pass" if tested_again else "self-test pass (earlier run, same image ID)")
 

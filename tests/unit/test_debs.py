@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -200,3 +202,66 @@ def test_a_pinned_download_stops_at_its_cap_and_an_interrupted_one_leaves_nothin
     with pytest.raises(KeyboardInterrupt):
         debfile.fetch("http://127.0.0.1:9/x.deb", "0" * 64, cached, "the test pins")
     assert list(cached.parent.iterdir()) == []
+
+
+def _tool_deb(tmp_path: Path) -> Path:
+    """A real .deb (dpkg-deb --build) holding one program."""
+    tree = tmp_path / "pkg"
+    (tree / "DEBIAN").mkdir(parents=True)
+    (tree / "DEBIAN" / "control").write_text(
+        "Package: demo-tool\nVersion: 1.0\nArchitecture: all\nMaintainer: t <t@t>\nDescription: a test tool\n"
+    )
+    program = tree / "usr" / "bin" / "demo-tool"
+    program.parent.mkdir(parents=True)
+    program.write_text("#!/bin/sh\necho the packaged tool\n")
+    program.chmod(0o755)
+    deb = tmp_path / "demo-tool_1.0_all.deb"
+    subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(tree), str(deb)], check=True, capture_output=True)
+    return deb
+
+
+@pytest.mark.parametrize("change", ["rewritten", "made executable by others", "replaced by a link", "added"])
+def test_an_unpacked_tool_changed_in_the_cache_is_unpacked_again_before_it_runs(tmp_path: Path, change: str) -> None:
+    """Issue 58: the tools publish and emulation run are unpacked once into the cache, which a CI
+    job restores from anywhere; a changed tree is found on use and unpacked again from the .deb."""
+    deb = _tool_deb(tmp_path)
+    root = tmp_path / "cache" / "tools" / "demo-tool-1.0"
+    program = debfile.unpacked(deb, root, "1.0") / "usr" / "bin" / "demo-tool"
+    original = program.read_bytes()
+    if change == "rewritten":
+        program.write_text("#!/bin/sh\necho planted\n")
+    elif change == "made executable by others":
+        program.chmod(0o777)
+    elif change == "replaced by a link":
+        planted = tmp_path / "planted"
+        planted.write_bytes(original)  # even to the same bytes: the link could be pointed elsewhere
+        program.unlink()
+        program.symlink_to(planted)
+    else:
+        (program.parent / "demo-tool-helper").write_text("#!/bin/sh\n")
+    again = debfile.unpacked(deb, root, "1.0") / "usr" / "bin" / "demo-tool"
+    assert not again.is_symlink() and again.read_bytes() == original
+    assert stat.S_IMODE(again.stat().st_mode) == 0o755
+    assert sorted(p.name for p in again.parent.iterdir()) == ["demo-tool"]
+
+
+@pytest.mark.parametrize("change", ["truncated", "changed", "replaced by a link"])
+def test_a_pinned_cache_entry_that_is_not_its_bytes_is_fetched_again(tmp_path: Path, change: str) -> None:
+    """Issue 58: keyrings, Packages indexes and tool packages live in the cache by their sha256;
+    one truncated, changed or linked (even to the right bytes) is fetched again, never used."""
+    source = tmp_path / "origin.deb"
+    source.write_bytes(b"the pinned package " * 64)
+    pinned = hashlib.sha256(source.read_bytes()).hexdigest()
+    cached = tmp_path / "cache" / pinned / "origin.deb"
+    debfile.fetch(source.as_uri(), pinned, cached, "the test pins")
+    if change == "truncated":
+        cached.write_bytes(source.read_bytes()[:100])
+    elif change == "changed":
+        cached.write_bytes(source.read_bytes().replace(b"pinned", b"planted"))
+    else:
+        elsewhere = tmp_path / "elsewhere.deb"
+        elsewhere.write_bytes(source.read_bytes())
+        cached.unlink()
+        cached.symlink_to(elsewhere)
+    assert debfile.fetch(source.as_uri(), pinned, cached, "the test pins") == cached
+    assert not cached.is_symlink() and hashlib.sha256(cached.read_bytes()).hexdigest() == pinned

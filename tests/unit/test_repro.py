@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -504,30 +505,82 @@ def test_buildkit_uses_only_a_cli_the_daemon_accepts_and_says_what_is_missing(
     assert backends.buildkit_command(docker29) == ([new_with_buildx, "buildx", "build", "--load"], {})  # type: ignore[arg-type]
 
 
-def test_the_classic_builder_hands_back_each_finished_steps_image() -> None:
-    """After a failed step, the last of them holds the steps that succeeded, for the run to remove."""
+class _Response:
+    closed = False
 
-    class Api:
-        def build(self, **_: object) -> list[dict[str, str]]:
-            return [
-                {"stream": "Step 1/3 : FROM base\n"},
-                {"stream": " ---> 1a2b3c4d5e6f\n"},
-                {"stream": "Step 2/3 : RUN true\n"},
-                {"stream": " ---> Running in 99aa88bb77cc\n"},
-                {"stream": " ---> 2b3c4d5e6f70\n"},
-                {"stream": "Step 3/3 : RUN false\n"},
-                {"error": "The command '/bin/sh -c false' returned a non-zero code: 1"},
-            ]
+    def close(self) -> None:
+        self.closed = True
 
+
+class _BuildApi:
+    """The engine's build endpoint as the SDK gives it: the response passes the session's hooks,
+    then its chunks are read one by one."""
+
+    def __init__(self, chunks: list[dict[str, str]], interrupt_after: int | None = None) -> None:
+        self.hooks: dict[str, list[object]] = {"response": []}
+        self.response = _Response()
+        self.chunks, self.interrupt_after = chunks, interrupt_after
+
+    def build(self, **_: object) -> Iterator[dict[str, str]]:
+        for hook in self.hooks["response"]:
+            hook(self.response)  # type: ignore[operator]
+        return self._read()
+
+    def _read(self) -> Iterator[dict[str, str]]:
+        for index, chunk in enumerate(self.chunks):
+            if index == self.interrupt_after:
+                raise KeyboardInterrupt  # what SIGTERM and Ctrl-C raise in the builder
+            yield chunk
+
+
+def _classic_build(api: _BuildApi, steps: list[str]) -> str:
     class Engine:
-        api = Api()
+        pass
 
+    engine = Engine()
+    engine.api = api  # type: ignore[attr-defined]
     grid = matrix.load_matrix(paths.PACKAGE.parent / "matrix.yaml")
     request = backends.BuildRequest(grid.quick_cell, "torch-images/test:x", "base", EPOCH, True, {})
+    return backends.classic_build(engine, request, lambda _: None, steps)  # type: ignore[arg-type]
+
+
+STEPS_THEN_FAILURE = [
+    {"stream": "Step 1/6 : ARG BASE_IMAGE=base\n"},
+    {"stream": "Step 2/6 : FROM ${BASE_IMAGE}\n"},
+    {"stream": " ---> 0b0b0b0b0b0b\n"},
+    {"stream": "Step 3/6 : WORKDIR /\n"},
+    {"stream": " ---> Running in 88bb77cc66dd\n"},
+    {"stream": "Removing intermediate container 88bb77cc66dd\n"},
+    {"stream": " ---> 1a2b3c4d5e6f\n"},
+    {"stream": "Step 4/6 : ENV A=1\n"},
+    {"stream": " ---> Using cache\n"},
+    {"stream": " ---> 0c0c0c0c0c0c\n"},
+    {"stream": "Step 5/6 : RUN true\n"},
+    {"stream": " ---> Running in 99aa88bb77cc\n"},
+    {"stream": " ---> 2b3c4d5e6f70\n"},
+    {"stream": "Step 6/6 : RUN false\n"},
+    {"error": "The command '/bin/sh -c false' returned a non-zero code: 1"},
+]
+
+
+def test_the_classic_builder_hands_back_each_step_image_it_made_and_not_one_from_the_cache() -> None:
+    """After a failed step, the steps this build made are the run's to remove; the base a FROM
+    names and a step the engine took from its cache are others' (removing the base's image with
+    the steps deleted the team's tagged base)."""
     steps: list[str] = []
-    error = backends.classic_build(Engine(), request, lambda _: None, steps)  # type: ignore[arg-type]
-    assert "non-zero code" in error
+    api = _BuildApi(STEPS_THEN_FAILURE)
+    assert "non-zero code" in _classic_build(api, steps)
     assert steps == ["1a2b3c4d5e6f", "2b3c4d5e6f70"]
+    assert api.response.closed and api.hooks["response"] == []
+
+
+def test_an_interrupted_classic_build_closes_its_connection_so_the_engine_cancels_the_step_in_flight() -> None:
+    steps: list[str] = []
+    api = _BuildApi(STEPS_THEN_FAILURE, interrupt_after=10)
+    with pytest.raises(KeyboardInterrupt):
+        _classic_build(api, steps)
+    assert api.response.closed, "the engine would go on running the step while the traceback holds the stream"
+    assert steps == ["1a2b3c4d5e6f"] and api.hooks["response"] == []
 
 
 def _pax_tar(name: str, records: dict[str, str], kind: bytes = tarfile.REGTYPE, link: str = "") -> bytes:
@@ -590,3 +643,41 @@ def test_a_chain_of_hard_links_gathered_out_of_order_keeps_every_names_content(t
     with tarfile.open(tmp_path / "layer.tar") as opened:
         opened.extractall(tmp_path / "root", filter="tar")
     assert [(tmp_path / "root" / n).read_bytes() for n in "abc"] == [b"data"] * 3
+
+
+class _Image:
+    def __init__(self, image_id: str, labels: dict[str, str]) -> None:
+        self.id, self.attrs = image_id, {"Config": {"Labels": labels}}
+
+
+def test_a_remembered_normalized_image_is_taken_only_when_it_carries_the_raw_builds_labels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 58: the raw -> normalized mapping is a cache entry. Pointed at another image in the
+    engine (another cell's, with another build ID), or made a link or not JSON, it is not taken,
+    and the canonical pass runs."""
+    monkeypatch.setenv("TORCH_IMAGES_CACHE", str(tmp_path / "cache"))
+    raw = _Image("sha256:" + "1" * 64, {"io.torch-images.build-id": "aaaa"})
+    own = _Image("sha256:" + "2" * 64, {"io.torch-images.build-id": "aaaa"})
+    other = _Image("sha256:" + "3" * 64, {"io.torch-images.build-id": "bbbb"})
+
+    class Images:
+        def get(self, name: str) -> _Image:
+            return {image.id: image for image in (raw, own, other)}[name]
+
+    class Engine:
+        images = Images()
+
+    engine = Engine()
+    normalize._remember(raw.id, own.id)
+    assert normalize._known_normalized(engine, raw) == own.id  # type: ignore[arg-type]
+    normalize._remember(raw.id, other.id)
+    assert normalize._known_normalized(engine, raw) is None  # type: ignore[arg-type]
+    mapping = normalize._mapping_file()
+    mapping.write_text("[not a mapping")
+    assert normalize._known_normalized(engine, raw) is None  # type: ignore[arg-type]
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(json.dumps({raw.id: own.id}))
+    mapping.unlink()
+    mapping.symlink_to(elsewhere)
+    assert normalize._known_normalized(engine, raw) is None  # type: ignore[arg-type]

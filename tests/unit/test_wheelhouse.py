@@ -242,17 +242,26 @@ def _flip_one_byte(path: Path) -> None:
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # even with its mtime put back
 
 
-def _cached_then_corrupted(
+def _cached_and_published(
     tmp_path: Path, file_server: tuple[str, Path], cell: Cell
 ) -> tuple[wheelhouse.Wheelhouse, FileRef, lock.Lockfile]:
-    """A wheel fetched and published for a lock and a cell, then one byte of the cached file flipped."""
+    """A wheel fetched for a lock, and the lock's page published for a cell."""
     ref = served_wheel(file_server)
     house = wheelhouse.Wheelhouse(tmp_path / "house")
     lock_path = tmp_path / "requirements.lock"
     lock_path.write_text(lock_entry("demo", "1.0", ref.sha256))
     locked = lock.Lockfile.read(lock_path)
     house.publish_page(locked, served.lock_page(locked, cell), [ref])
-    _flip_one_byte(house.fetch(ref))
+    house.fetch(ref)
+    return house, ref, locked
+
+
+def _cached_then_corrupted(
+    tmp_path: Path, file_server: tuple[str, Path], cell: Cell
+) -> tuple[wheelhouse.Wheelhouse, FileRef, lock.Lockfile]:
+    """A wheel fetched and published for a lock and a cell, then one byte of the cached file flipped."""
+    house, ref, locked = _cached_and_published(tmp_path, file_server, cell)
+    _flip_one_byte(house.blob(ref.sha256, ref.filename))
     return house, ref, locked
 
 
@@ -286,6 +295,43 @@ def test_a_corrupt_cached_wheel_offline_is_one_line_naming_the_file(
     assert "\n" not in line and line.startswith(f"{lock_path}: cached demo-1.0-py3-none-any.whl did not match")
     assert "put the original file back" in line
     assert not house.blob(ref.sha256, ref.filename).exists()  # removed, never served
+
+
+def test_a_cached_wheel_replaced_by_a_link_is_removed_and_fetched_again_even_to_the_right_bytes(
+    tmp_path: Path, file_server: tuple[str, Path], matrix_file: Path, wheels: TorchWheels,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Issue 58: a link in the cache could be pointed elsewhere after the check; it is never served."""
+    grid = load_matrix(matrix_file, wheels)
+    cell = grid.cell("2.9.1-cu12.8-bookworm-runtime")
+    house, ref, locked = _cached_and_published(tmp_path, file_server, cell)
+    cached = house.blob(ref.sha256, ref.filename)
+    elsewhere = tmp_path / "elsewhere.whl"
+    elsewhere.write_bytes(cached.read_bytes())
+    cached.unlink()
+    cached.symlink_to(elsewhere)
+    monkeypatch.setattr(wheelchoice, "choose", lambda *_: [ref])
+    [path] = house.prepare(cell, grid, [locked])
+    assert not path.is_symlink() and hashlib.sha256(path.read_bytes()).hexdigest() == ref.sha256
+    assert elsewhere.exists()  # what the link named is not the cache's to remove
+
+
+def test_a_cached_lock_page_naming_a_file_the_lock_does_not_pin_is_chosen_again(
+    tmp_path: Path, file_server: tuple[str, Path], matrix_file: Path, wheels: TorchWheels
+) -> None:
+    """Issue 58: the page is a cache entry too. One that names another file (its own hash beside
+    it, the file in the cache with that hash) is not taken on its word."""
+    grid = load_matrix(matrix_file, wheels)
+    cell = grid.cell("2.9.1-cu12.8-bookworm-runtime")
+    house, ref, locked = _cached_and_published(tmp_path, file_server, cell)
+    page = served.lock_page(locked, cell)
+    assert house.cached_files(locked, page) is not None
+    planted = b"not the locked wheel"
+    other = hashlib.sha256(planted).hexdigest()
+    house.place(planted, house.blob(other, ref.filename))
+    index = house.root / page / "index.html"
+    index.write_text(index.read_text().replace(ref.sha256, other))
+    assert house.cached_files(locked, page) is None
 
 
 def test_two_cells_whose_locks_read_alike_get_a_page_each_with_their_own_wheels_on_one_cache(
