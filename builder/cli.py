@@ -4,6 +4,7 @@ beside what it runs), and the one place a UserError becomes its line and exit st
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
 import sys
@@ -107,6 +108,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except UserError as error:
         console.print(f"error: {error.line()}", style="red", soft_wrap=True)
+        return EXIT_USER_ERROR
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # A full disk is the machine's state, not a fault of ours: one line, after the clean-up
+        # on the way out (partial files, step images) ran as an interruption's does.
+        where = f" writing {error.filename}" if error.filename else ""
+        console.print(f"error: the disk is full ({os.strerror(error.errno)}{where}); what this run had begun was "
+                      "removed; free space there (or point TORCH_IMAGES_CACHE elsewhere) and run it again",
+                      style="red", soft_wrap=True)  # fmt: skip
         return EXIT_USER_ERROR
     except Terminated:
         console.print("terminated (SIGTERM); what this run had begun was removed")

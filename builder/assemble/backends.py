@@ -15,6 +15,7 @@ from pathlib import Path
 
 import docker
 import requests
+import urllib3
 
 from builder.assemble.context import context_tar
 from builder.engine import emulation
@@ -66,7 +67,14 @@ def classic_build(
             decode=True,
             nocache=request.no_cache,
         )
-        return _follow(stream, cell, report, steps)
+        try:
+            return _follow(stream, cell, report, steps)
+        except (urllib3.exceptions.HTTPError, requests.exceptions.RequestException) as lost:
+            # dockerd stopped or restarted under the build: one line, after the caller's clean-up
+            raise UserError(
+                f"{cell.name}: the engine's connection broke in the middle of the build ({type(lost).__name__}); "
+                "check the engine (`python -m builder engine`) and build again"
+            ) from None
 
 
 @contextlib.contextmanager

@@ -480,7 +480,8 @@ def discard_intermediates(engine: docker.DockerClient, results: list[BuildResult
     """
     for result in results:
         if result.intermediate:
-            with contextlib.suppress(docker.errors.ImageNotFound, docker.errors.APIError):
+            # On the way out of a failure too: an engine that went away (OSError) is said by that failure.
+            with contextlib.suppress(docker.errors.APIError, OSError):
                 engine.images.remove(result.intermediate, force=False, noprune=False)
             result.intermediate = ""
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import urllib3
 
 from builder import paths
 from builder.assemble import backends
@@ -516,10 +517,13 @@ class _BuildApi:
     """The engine's build endpoint as the SDK gives it: the response passes the session's hooks,
     then its chunks are read one by one."""
 
-    def __init__(self, chunks: list[dict[str, str]], interrupt_after: int | None = None) -> None:
+    def __init__(
+        self, chunks: list[dict[str, str]], interrupt_after: int | None = None, raised: BaseException | None = None
+    ) -> None:
         self.hooks: dict[str, list[object]] = {"response": []}
         self.response = _Response()
         self.chunks, self.interrupt_after = chunks, interrupt_after
+        self.raised = raised or KeyboardInterrupt()  # what SIGTERM and Ctrl-C raise in the builder
 
     def build(self, **_: object) -> Iterator[dict[str, str]]:
         for hook in self.hooks["response"]:
@@ -529,7 +533,7 @@ class _BuildApi:
     def _read(self) -> Iterator[dict[str, str]]:
         for index, chunk in enumerate(self.chunks):
             if index == self.interrupt_after:
-                raise KeyboardInterrupt  # what SIGTERM and Ctrl-C raise in the builder
+                raise self.raised
             yield chunk
 
 
@@ -681,3 +685,14 @@ def test_a_remembered_normalized_image_is_taken_only_when_it_carries_the_raw_bui
     mapping.unlink()
     mapping.symlink_to(elsewhere)
     assert normalize._known_normalized(engine, raw) is None  # type: ignore[arg-type]
+
+
+def test_an_engine_that_goes_away_in_the_middle_of_a_build_is_one_line_after_the_connection_is_closed() -> None:
+    """Issue 58: dockerd stopped or restarted under a build breaks the stream (urllib3 says so
+    mid-chunk): one line naming the cell, never a traceback."""
+    steps: list[str] = []
+    broken = urllib3.exceptions.ProtocolError("Connection broken: IncompleteRead(0 bytes read)")
+    api = _BuildApi(STEPS_THEN_FAILURE, interrupt_after=10, raised=broken)
+    with pytest.raises(UserError, match=r"the engine's connection broke in the middle of the build") as said:
+        _classic_build(api, steps)
+    assert "\n" not in said.value.line() and api.response.closed and steps == ["1a2b3c4d5e6f"]
