@@ -31,7 +31,7 @@ STEP = re.compile(r"Step (\d+)/(\d+)")
 
 def halfway_through_the_steps(line: str) -> bool:
     step = STEP.search(line)
-    return bool(step) and int(step.group(1)) >= int(step.group(2)) // 2  # some steps done, one running
+    return step is not None and int(step.group(1)) >= int(step.group(2)) // 2  # some steps done, one running
 
 
 def in_the_canonical_pass(line: str) -> bool:
@@ -189,3 +189,26 @@ def test_a_build_whose_engine_restarts_under_it_ends_in_one_line_and_builds_agai
     print(f"the engine kept {len(kept)} images of the cut build")  # docs/faults.md's figure (-s shows it)
     again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
+
+
+def test_two_builds_of_one_cell_at_once_both_end_at_the_recorded_image_and_leave_no_step(
+    client: docker.DockerClient,
+) -> None:
+    """Two CI jobs (or a user and the tests) building one cell on one machine at once: the second
+    waits for the first's wheelhouse address, both end at the cell's recorded image ID under its
+    tag, and neither leaves a step image or a container."""
+    grid = matrix.load_matrix(REPO / "matrix.yaml")
+    cell = grid.cell(CELL)
+    reference = build.local_reference(grid, cell)
+    images_before, containers_before = _engine_state(client)
+    command = [sys.executable, "-m", "builder", "build", "--no-cache", "--no-smoke", CELL]
+    both = [subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for _ in range(2)]  # fmt: skip
+    outputs = [running.communicate(timeout=1500)[0] for running in both]
+    for running, said in zip(both, outputs, strict=True):
+        assert running.returncode == 0 and "Traceback" not in said, said[-3000:]
+    assert any("another build on this machine serves its wheelhouse" in said for said in outputs)
+    recorded_id = cell.file("image-id").read_text().split()[0]
+    assert _tagged(client, reference) == recorded_id
+    images_after, containers_after = _engine_state(client)
+    assert images_after - images_before <= {recorded_id} and containers_after == containers_before
