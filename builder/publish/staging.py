@@ -404,19 +404,21 @@ def promote(
         return []
     enabled = _staged_enabled_images(publisher, items, run)  # before anything moves
     for item in items:
+        # Each cell's versioned tag first, then what names it (its artifacts' tags, its SOCI form);
+        # the aliases go last of all. A promote cut anywhere leaves no name ahead of its versioned
+        # tag, and the same promote again finishes it: an unchanged tag's names are put again.
+        staged_tag = staging_tag(grid, item.cell, run, item.compression)
+        current = registry.manifest(repository, item.target)
+        item.unchanged = current is not None and current.digest == item.digest
+        if not item.unchanged:
+            staged = registry.manifest(repository, staged_tag)
+            if staged is None or staged.digest != item.digest:
+                raise UserError(f"{repository}:{staged_tag} changed while promoting; nothing moved")
+            registry.put_manifest(repository, item.target, staged)
+            report(f"{item.target} -> {item.digest[:19]}")
+        _name_artifacts(registry, repository, item, staged_tag)
         if item.target in enabled:
             _move(registry, repository, soci.enabled_tag(item.target), enabled[item.target], report)
-        current = registry.manifest(repository, item.target)
-        if current is not None and current.digest == item.digest:
-            item.unchanged = True
-            continue
-        staged_tag = staging_tag(grid, item.cell, run, item.compression)
-        staged = registry.manifest(repository, staged_tag)
-        if staged is None or staged.digest != item.digest:
-            raise UserError(f"{repository}:{staged_tag} changed while promoting; nothing moved")
-        registry.put_manifest(repository, item.target, staged)
-        report(f"{item.target} -> {item.digest[:19]}")
-        _name_artifacts(registry, repository, item, staged_tag)
     multiarch.push_indexes(registry, grid, items, report)
     publish.finish(publisher, items, records)
     return items
@@ -479,4 +481,4 @@ def _name_artifacts(registry: Registry, repository: str, item: Publication, stag
     for source, target in names:
         manifest = registry.manifest(repository, source)
         if manifest is not None:
-            registry.put_manifest(repository, target, manifest)
+            _move(registry, repository, target, manifest, lambda _: None)

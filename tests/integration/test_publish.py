@@ -387,6 +387,37 @@ def test_ci_stages_each_cell_then_promotes_from_the_registry_alone(
     assert api.manifest("torch", staging.staging_tag(built.grid, built.cell, "r3")).digest == staged.digest  # type: ignore[union-attr]
 
 
+def test_a_promote_cut_after_the_versioned_tag_leaves_no_alias_ahead_and_the_same_promote_finishes(
+    built: BuiltCell,
+    start_registry,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    """Issue 58: promote stopped (SIGTERM, a CI cancel) right after a cell's versioned tag moved,
+    before the names of its artifacts and the aliases: no alias points anywhere yet, and the same
+    promote, run again, names the artifacts and moves the aliases."""
+    running = start_registry(seeded=True)
+    grid, api, say, records, readme = _ci_setting(built, running, tmp_path, monkeypatch)
+    [staged] = staging.stage(Publisher(api, grid, say, built.client), [built.cell], "cut")
+    put = api.put_manifest
+
+    def cut_after_the_versioned_tag(repository: str, reference: str, manifest: Manifest) -> None:
+        if reference != built.cell.tag:
+            raise KeyboardInterrupt  # what the builder raises on SIGTERM
+        put(repository, reference, manifest)
+
+    monkeypatch.setattr(api, "put_manifest", cut_after_the_versioned_tag)
+    with pytest.raises(KeyboardInterrupt):
+        staging.promote(Publisher(api, grid, say), [built.cell], "cut", Records(records, readme))
+    monkeypatch.setattr(api, "put_manifest", put)
+    assert api.manifest("torch", built.cell.tag).digest == staged.digest  # type: ignore[union-attr]
+    assert built.cell.aliases and all(api.manifest("torch", alias) is None for alias in built.cell.aliases)
+    assert api.manifest("torch", f"{built.cell.tag}.sbom") is None
+    [again] = staging.promote(Publisher(api, grid, say), [built.cell], "cut", Records(records, readme))
+    assert again.unchanged and api.manifest("torch", f"{built.cell.tag}.sbom") is not None
+    assert all(api.manifest("torch", a).digest == staged.digest for a in built.cell.aliases)  # type: ignore[union-attr]
+
+
 def test_reports_sit_side_by_side_a_cpu_report_cannot_pass_a_gpu_gate_and_verify_says_what_is_attached(
     built: BuiltCell,
     smoke_result: smoke.SmokeResult,
