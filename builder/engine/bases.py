@@ -18,6 +18,7 @@ import hashlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -256,8 +257,38 @@ def run_bootstrap_tool(command: list[str], epoch: int) -> subprocess.CompletedPr
     environment = {"SOURCE_DATE_EPOCH": str(epoch)}
     privileged = privilege.as_root(command, environment) if "--mode=root" in command else None
     if privileged is not None:
-        return subprocess.run(privileged, capture_output=True, text=True, check=False)
-    return subprocess.run(command, env={**os.environ, **environment}, capture_output=True, text=True, check=False)
+        return run_to_its_end(privileged)
+    return run_to_its_end(command, {**os.environ, **environment})
+
+
+BOOTSTRAP_STOP_S = 60  # how long an interrupted bootstrap may take to clean up after itself
+
+
+def run_to_its_end(command: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `command` in a process group of its own, its output kept. Interrupted (SIGTERM,
+    Ctrl-C), the whole group is asked to stop with SIGTERM and given a minute to clean up, then
+    killed: subprocess.run kills only the first process, and measured, mmdebstrap's own child
+    then ran on, orphaned, and left its half-made root filesystem (61 MB) in /tmp."""
+    with subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    ) as process:
+        try:
+            stdout, stderr = process.communicate()
+        except BaseException:
+            _stop_group(process)
+            raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def _stop_group(process: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.communicate(timeout=BOOTSTRAP_STOP_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
 
 
 def _load_rootfs(
@@ -356,7 +387,7 @@ def _run_bootstrap(base: BaseImage, epoch: int, rootfs: Path, scratch: Path) -> 
             str(target),
             base.mirror,
         ]
-        result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        result = run_to_its_end(command, env)
         if result.returncode == 0:
             subprocess.run(
                 ["tar", "--sort=name", f"--mtime=@{epoch}", "--clamp-mtime", "--numeric-owner", "-C", str(target),

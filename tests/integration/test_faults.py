@@ -5,11 +5,13 @@ command then builds. Opt-in (`-m faults`): each case runs the CPU cell's steps, 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -212,3 +214,46 @@ def test_two_builds_of_one_cell_at_once_both_end_at_the_recorded_image_and_leave
     assert _tagged(client, reference) == recorded_id
     images_after, containers_after = _engine_state(client)
     assert images_after - images_before <= {recorded_id} and containers_after == containers_before
+
+
+def _bootstrap_leftovers() -> set[str]:
+    """What a bootstrap leaves when it is not let finish: mmdebstrap's processes, its folders in
+    the temporary directory, and mounts under them."""
+    temporary = Path(tempfile.gettempdir())
+    folders = {str(p) for pattern in ("mmdebstrap.*", "torch-images-base-*") for p in temporary.glob(pattern)}
+    running = subprocess.run(["pgrep", "-a", "mmdebstrap"], capture_output=True, text=True).stdout.splitlines()
+    mounts = [line for line in Path("/proc/mounts").read_text().splitlines() if "mmdebstrap" in line]
+    return folders | set(running) | set(mounts)
+
+
+def test_a_build_stopped_in_its_bootstrap_leaves_no_process_folder_or_mount_and_builds_again(
+    client: docker.DockerClient,
+) -> None:
+    """SIGTERM two seconds into the base's bootstrap (the engine's base image removed, the cached
+    root filesystem forgotten): the whole bootstrap tool stops and cleans up, no base is loaded,
+    and the same command bootstraps and builds."""
+    grid = matrix.load_matrix(REPO / "matrix.yaml")
+    cell = grid.cell(CELL)
+    reference = build.local_reference(grid, cell)
+    base_tag = build.locked_base_tag(build.preflight(cell, grid))
+    with contextlib.suppress(docker.errors.ImageNotFound):
+        client.images.remove(base_tag)
+    tagged_before, leftovers_before = _tagged(client, reference), _bootstrap_leftovers()
+    command = [sys.executable, "-m", "builder", "build", "--fresh-base", "--no-cache", "--no-smoke", CELL]
+    running = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    assert running.stdout is not None
+    said = []
+    for line in running.stdout:
+        said.append(line)
+        if "bootstrapping" in line:
+            time.sleep(2)
+            running.send_signal(signal.SIGTERM)
+            break
+    said += running.stdout.readlines()
+    text = "".join(said)
+    assert running.wait(timeout=300) == 143 and "Traceback" not in text, text[-3000:]
+    assert _bootstrap_leftovers() <= leftovers_before, _bootstrap_leftovers() - leftovers_before
+    assert _tagged(client, base_tag) is None and _tagged(client, reference) == tagged_before
+    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
