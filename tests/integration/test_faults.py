@@ -60,6 +60,26 @@ def _tagged(client: docker.DockerClient, reference: str) -> str | None:
         return None
 
 
+def _cut_when(
+    command: list[str], when: Callable[[str], bool], cut: Callable[[subprocess.Popen[str]], None]
+) -> tuple[int, str]:
+    """Run `command`, and at the first line of its output that `when` picks, `cut` it (a signal,
+    the engine stopped); returns its status and all it said. A session of its own, as a shell job
+    is: a signal reaches the builder alone, not inherited as ignored."""
+    running = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    assert running.stdout is not None
+    said = []
+    for line in running.stdout:
+        said.append(line)
+        if when(line):
+            cut(running)
+            break
+    assert said and when(said[-1]), "the command never reached the point: " + "".join(said)[-3000:]
+    said += running.stdout.readlines()
+    return running.wait(timeout=300), "".join(said)
+
+
 @pytest.mark.parametrize(
     ("stop", "status", "says", "when"),
     [
@@ -80,21 +100,10 @@ def test_a_build_stopped_in_any_phase_leaves_nothing_and_builds_again(
     scratch_before = _scratch_folders()
     smoke = [] if when is in_the_self_test else ["--no-smoke"]
     command = [sys.executable, "-m", "builder", "build", "--no-cache", *smoke, CELL]
-    # A session of its own, as a shell job is: the signal reaches the builder alone, not inherited as ignored.
-    running = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
-    assert running.stdout is not None
-    said = []
-    for line in running.stdout:
-        said.append(line)
-        if when(line):
-            running.send_signal(stop)
-            break
-    assert said and when(said[-1]), "the build never reached the phase: " + "".join(said)[-3000:]
-    said += running.stdout.readlines()
-    assert running.wait(timeout=300) == status, "".join(said)[-3000:]
-    last = [line for line in said if line.strip()][-1]
-    assert says in last and "Traceback" not in "".join(said), "".join(said)[-3000:]
+    code, said = _cut_when(command, when, lambda running: running.send_signal(stop))
+    assert code == status, said[-3000:]
+    last = [line for line in said.splitlines() if line.strip()][-1]
+    assert says in last and "Traceback" not in said, said[-3000:]
     images_after, containers_after = _engine_state(client)
     assert images_after - images_before == set(), "step images left behind"
     # ... and nothing that was there before is gone: the base the FROM names is no step of this build's
@@ -166,23 +175,12 @@ def test_a_build_whose_engine_restarts_under_it_ends_in_one_line_and_builds_agai
     tagged_before = _tagged(client, reference)
     images_before, _ = _engine_state(client)
     command = [sys.executable, "-m", "builder", "build", "--no-cache", "--no-smoke", CELL]
-    running = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
-    assert running.stdout is not None
-    said = []
     try:
-        for line in running.stdout:
-            said.append(line)
-            if halfway_through_the_steps(line):
-                _stop_dockerd()
-                break
-        said += running.stdout.readlines()
-        code = running.wait(timeout=300)
+        code, text = _cut_when(command, halfway_through_the_steps, lambda _: _stop_dockerd())
     finally:
         daemon.ensure_running(install=False)
     # Stopping, the engine either ends the build with its own error (a failed build: status 1, its
     # summary) or drops the connection (status 2, one line); measured, both happen.
-    text = "".join(said)
     assert code in (1, 2) and "Traceback" not in text, text[-3000:]
     ending = "2.13.0-cpu-bookworm-runtime: failed (" if code == 1 else "the engine's connection broke"
     assert ending in text, text[-3000:]
@@ -240,19 +238,13 @@ def test_a_build_stopped_in_its_bootstrap_leaves_no_process_folder_or_mount_and_
         client.images.remove(base_tag)
     tagged_before, leftovers_before = _tagged(client, reference), _bootstrap_leftovers()
     command = [sys.executable, "-m", "builder", "build", "--fresh-base", "--no-cache", "--no-smoke", CELL]
-    running = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
-    assert running.stdout is not None
-    said = []
-    for line in running.stdout:
-        said.append(line)
-        if "bootstrapping" in line:
-            time.sleep(2)
-            running.send_signal(signal.SIGTERM)
-            break
-    said += running.stdout.readlines()
-    text = "".join(said)
-    assert running.wait(timeout=300) == 143 and "Traceback" not in text, text[-3000:]
+
+    def two_seconds_in(running: subprocess.Popen[str]) -> None:
+        time.sleep(2)
+        running.send_signal(signal.SIGTERM)
+
+    code, text = _cut_when(command, lambda line: "bootstrapping" in line, two_seconds_in)
+    assert code == 143 and "Traceback" not in text, text[-3000:]
     assert _bootstrap_leftovers() <= leftovers_before, _bootstrap_leftovers() - leftovers_before
     assert _tagged(client, base_tag) is None and _tagged(client, reference) == tagged_before
     again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500)
