@@ -1,3 +1,5 @@
+"""`python -m builder`: the command line, or one line saying how to get the builder's dependencies."""
+
 import sys
 
 try:

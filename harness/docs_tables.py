@@ -44,12 +44,39 @@ FIGURE_SPAN = re.compile(r"<!--f:([a-z0-9_]+)-->(.*?)<!--/f-->", re.S)
 
 
 def first_sentence(path: Path) -> str:
-    """A module's docstring, to its first full stop or colon, on one line."""
+    """A module's docstring, to its first full stop, question mark or colon outside parentheses and code spans, on
+    one line, a short head before a colon with its clause; a one-word lead such as `Steps:` (the
+    module's name again) is passed over. One too
+    long is cut at a space outside them too, so no summary ends inside a `(` or a backtick."""
     docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
     text = " ".join(docstring.split())
-    found = re.match(r"(.+?)(?:[.:](?:\s|$)|$)", text)
-    sentence = found.group(1) if found else text
-    return sentence if len(sentence) <= MAX_SENTENCE else sentence[: MAX_SENTENCE - 3].rsplit(" ", 1)[0] + "..."
+    lead = re.match(r"[A-Za-z-]+: ", text)
+    if lead:
+        text = text[lead.end() :][:1].upper() + text[lead.end() + 1 :]
+    stops = [i for i, c in _outside_spans(text) if c in ".:?" and text[i + 1 : i + 2] in (" ", "")]
+    # A short head before a colon (`audit`:, A cell:) says little alone: its clause goes with it.
+    while len(stops) > 1 and text[stops[0]] == ":" and len(text[: stops[0]].split()) <= 4:
+        stops = [i for i in stops[1:] if text[i] in ".?"] or stops[1:]
+    sentence = text[: stops[0]] if stops else text
+    if len(sentence) <= MAX_SENTENCE:
+        return sentence
+    spaces = [i for i, c in _outside_spans(sentence) if c == " " and i <= MAX_SENTENCE - 3]
+    return sentence[: spaces[-1] if spaces else MAX_SENTENCE - 3].rstrip(",;") + "..."
+
+
+def _outside_spans(text: str) -> list[tuple[int, str]]:
+    """Each character of `text` with its index, where it is inside no parentheses and no code span."""
+    depth, code, found = 0, False, []
+    for index, char in enumerate(text):
+        if char == "`":
+            code = not code
+        elif not code and char == "(":
+            depth += 1
+        elif not code and char == ")":
+            depth = max(depth - 1, 0)
+        elif not code and depth == 0:
+            found.append((index, char))
+    return found
 
 
 def layout_table() -> str:
@@ -59,7 +86,7 @@ def layout_table() -> str:
         modules = sorted(p for p in package.glob("*.py") if p.name != "__init__.py")
         listed = "; ".join(f"`{p.stem}`: {first_sentence(p)}" for p in modules)
         rows.append(f"| `builder/{folder}/` | {first_sentence(package / '__init__.py')} | {listed} |")
-    top = sorted(p for p in (REPO / "builder").glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    top = sorted(p for p in (REPO / "builder").glob("*.py") if p.name != "__init__.py")
     rows.append(
         "| `builder/` | shared by every stage | " + "; ".join(f"`{p.stem}`: {first_sentence(p)}" for p in top) + " |"
     )

@@ -21,7 +21,7 @@ from builder.assemble.context import context_tar
 from builder.engine import emulation
 from builder.errors import UserError
 from builder.plan.cell import Cell
-from builder.progress import Report
+from builder.steps import Report
 
 
 @dataclass(frozen=True)

@@ -33,10 +33,10 @@ from builder.lock import inputs
 from builder.lock.inputs import CellLocks
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
-from builder.progress import Report
 from builder.render import render
 from builder.repro import normalize as repro
 from builder.repro import recorded
+from builder.steps import Report, Steps
 from builder.wheelhouse import aptrepo, served, wheelhouse, wheelserver
 
 BUILD_ID_LABEL = "io.torch-images.build-id"
@@ -231,54 +231,65 @@ def build_cell(
     the registry: `build --skip-existing`) is not built at all (status "in registry"). The engine's
     pre-normalization image is returned as `intermediate` for the caller to remove (see
     discard_intermediates). `locks` are the cell's inputs as `preflight` read and checked them,
-    once per cell and run: nothing here reads them again."""
+    once per cell and run: nothing here reads them again. Each phase is a step (builder/steps.py):
+    its line, its seconds in `result.phases`, and a fold in a CI log."""
+    steps = Steps.of(report)
+    began = steps.clock()
+    result = _build_cell(engine, grid, locks, house, steps, options)
+    result.seconds = steps.clock() - began
+    return result
+
+
+def _build_cell(
+    engine: docker.DockerClient,
+    grid: Matrix,
+    locks: CellLocks,
+    house: wheelhouse.Wheelhouse,
+    steps: Steps,
+    options: BuildOptions,
+) -> BuildResult:
     cell = locks.cell
     reference = options.reference or local_reference(grid, cell)
     result = BuildResult(cell.name, reference)
-    started = time.monotonic()
-    base_reference, result.build_id = cell_build_id(engine, grid, locks, report, house)
-    result.base_id = ids.config_digest(engine, base_reference)
-    result.phases["base"] = time.monotonic() - started
+    with steps.step(f"{cell.name}: the base image", "base", result.phases):
+        base_reference, result.build_id = cell_build_id(engine, grid, locks, steps, house)
+        result.base_id = ids.config_digest(engine, base_reference)
     if options.published is not None and options.published(result.build_id):
-        report(f"{cell.name}: build ID {result.build_id[:12]} is already in the registry; not built")
-        result.state, result.seconds = BuildState.IN_REGISTRY, time.monotonic() - started
+        steps(f"{cell.name}: build ID {result.build_id[:12]} is already in the registry; not built")
+        result.state = BuildState.IN_REGISTRY
         record_in_registry(cell, result.build_id)
         return result
     normalized_at = times.iso_utc(grid.spec.source_date_epoch).removesuffix("Z") if options.normalize else None
     existing = None if options.no_cache else _existing_build(engine, reference, result.build_id, normalized_at)
     if existing is not None:
-        report(f"{cell.name}: unchanged since its last build (build ID {result.build_id[:12]})")
+        steps(f"{cell.name}: unchanged since its last build (build ID {result.build_id[:12]})")
         result.image_id, result.size_bytes, result.state = (
             ids.config_digest(engine, reference),
             int(existing.attrs["Size"]),
             BuildState.UNCHANGED,
         )
-        result.seconds = time.monotonic() - started
         return _within_budget(engine, grid, cell, result)
-    report(f"{cell.name}: fetching and verifying wheels")
-    house.report = report
-    mark = time.monotonic()
-    offer_inputs(house, grid, locks)
-    result.phases["inputs"] = time.monotonic() - mark
-    labels = {BUILD_ID_LABEL: result.build_id}
+    house.report = steps
+    with steps.step(f"{cell.name}: fetching and verifying wheels", "inputs", result.phases):
+        offer_inputs(house, grid, locks)
     epoch = grid.spec.source_date_epoch
-    request = BuildRequest(cell, reference, base_reference, epoch, options.no_cache, labels)
-    mark = time.monotonic()
+    request = BuildRequest(cell, reference, base_reference, epoch, options.no_cache, {BUILD_ID_LABEL: result.build_id})
     step_images: list[str] = []
     tagged_before = _tagged(engine, reference)
     try:
-        with wheelserver.serve(house, grid.spec.wheelhouse.listen):
+        with (
+            steps.step(f"{cell.name}: the engine's steps ({options.backend})", "engine", result.phases),
+            wheelserver.serve(house, grid.spec.wheelhouse.listen),
+        ):
             if options.backend == "buildkit":
-                error = backends.buildkit_build(engine, request, report)
+                error = backends.buildkit_build(engine, request, steps)
             else:
-                error = backends.classic_build(engine, request, report, step_images)
+                error = backends.classic_build(engine, request, steps, step_images)
     except BaseException:
         # Interrupted (SIGINT, SIGTERM) or the engine gone: the steps that finished are removed as
         # a failed build's are, so a cancelled CI job leaves no gigabytes of step images behind.
         _remove_steps(engine, step_images)
         raise
-    result.phases["engine"] = time.monotonic() - mark
-    result.seconds = time.monotonic() - started
     if error:
         # The steps that succeeded are the engine's cache, removed with the run's others.
         result.intermediate = step_images[-1] if step_images else ""
@@ -286,10 +297,10 @@ def build_cell(
         return result
     raw_id = engine.images.get(reference).id
     if options.normalize:
-        mark = time.monotonic()
-        steps = repro.dockerfile_steps(cell.file("Dockerfile").read_text())
+        steps_of_file = repro.dockerfile_steps(cell.file("Dockerfile").read_text())
         try:
-            canonical = repro.normalize_image(engine, reference, epoch, steps, base_reference, report)
+            with steps.step(f"{cell.name}: the canonical pass", "normalize", result.phases):
+                canonical = repro.normalize_image(engine, reference, epoch, steps_of_file, base_reference, steps)
         except UserError as refused:
             result.intermediate = _untag_raw(engine, reference, raw_id)
             result.state, result.detail = BuildState.FAILED, refused.line()
@@ -301,9 +312,7 @@ def build_cell(
             _put_tag_back(engine, reference, tagged_before)
             _remove_steps(engine, [*step_images, raw_id])
             raise
-        result.phases["normalize"] = time.monotonic() - mark
         result.phases.update({f"normalize.{name}": seconds for name, seconds in canonical.seconds.items()})
-        result.seconds = time.monotonic() - started
     image = engine.images.get(reference)
     if image.id != raw_id:
         result.intermediate = raw_id

@@ -35,7 +35,7 @@ from builder.lock.inputs import CellLocks
 from builder.lock.requirements import FLAVOR_LOCK, STACK_LOCK
 from builder.plan.cell import RECORDED_IMAGE_ID_FILE, Cell
 from builder.plan.matrix import Matrix
-from builder.progress import Report
+from builder.steps import Report
 from builder.wheelhouse import aptrepo, served, wheelhouse
 
 MANIFEST = "manifest.json"

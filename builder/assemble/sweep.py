@@ -22,8 +22,8 @@ from builder.engine import daemon, ids
 from builder.errors import UserError
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
-from builder.progress import Report
 from builder.repro import recorded
+from builder.steps import Report
 from builder.terminal import code_text, markdown_text
 from builder.wheelhouse import wheelhouse
 

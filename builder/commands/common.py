@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from builder.config import grammar
 from builder.oci.registry import Registry
 from builder.plan import matrix
 from builder.plan.cell import Cell
+from builder.steps import Steps, fold_style
 from builder.terminal import SafeConsole, without_password
 
 console = SafeConsole(stderr=True)
@@ -37,26 +37,30 @@ def grid_of(args: argparse.Namespace) -> matrix.Matrix:
 
 
 @contextlib.contextmanager
-def progress(label: str) -> Iterator[Callable[[str], None]]:
-    """Where each step of a long job is reported: one line per step with the seconds since the
-    job started; on a terminal, also a spinner under them naming the step in progress (the
-    lines stay, so a build's steps can be read back)."""
-    started = time.monotonic()
+def progress(label: str) -> Iterator[Steps]:
+    """Where a long job says how it goes: one line per step with the seconds since the job
+    started, each phase folded in a CI log (builder/steps.py); on a terminal, also a spinner under
+    them naming the latest line (the lines stay, so a build's steps can be read back)."""
+
+    def raw(marker: str) -> None:  # a fold marker, written as it is (steps.py makes it printable)
+        console.file.write(marker + "\n")
+        console.file.flush()
 
     def line(text: str) -> None:
-        console.print(f"[{time.monotonic() - started:7.1f} s] {text}", highlight=False, soft_wrap=True)
+        console.print(text, highlight=False, soft_wrap=True)
 
     if console.is_terminal:
         with console.status(label) as status:
 
-            def step(text: str) -> None:
+            def shown(text: str) -> None:
                 line(text)
                 status.update(text)
 
-            yield step
+            yield Steps(shown)
         return
-    line(label)
-    yield line
+    steps = Steps(line, raw, fold_style())
+    steps(label)
+    yield steps
 
 
 def cells_of(args: argparse.Namespace, grid: matrix.Matrix) -> list[Cell]:

@@ -32,7 +32,7 @@ from builder.config.schema import KeyringSpec
 from builder.engine import archive, canonical, debfile, emulation, ids, privilege
 from builder.errors import UserError
 from builder.plan.cell import BaseImage
-from builder.progress import Report
+from builder.steps import Report
 
 
 def ensure(engine: docker.DockerClient, base: BaseImage, epoch: int, report: Report = print) -> str:

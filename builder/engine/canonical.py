@@ -31,7 +31,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, NamedTuple
 
 from builder.errors import UserError
 
@@ -290,23 +290,36 @@ def _pax_record(key: str, value: bytes) -> bytes:
     return str(length).encode() + body
 
 
-def _ustar(name: bytes, mode: int, uid: int, gid: int, size: int, mtime: int, kind: bytes, link: bytes,
-           devmajor: int, devminor: int) -> bytes:  # fmt: skip
-    header = bytearray(BLOCK)
-    header[0:100] = name[:100].ljust(100, b"\0")
-    header[100:108] = _octal(mode, 8)
-    header[108:116] = _octal(uid, 8)
-    header[116:124] = _octal(gid, 8)
-    header[124:136] = _octal(size, 12)
-    header[136:148] = _octal(mtime, 12)
-    header[148:156] = b" " * 8
-    header[156:157] = kind
-    header[157:257] = link[:100].ljust(100, b"\0")
-    header[257:265] = b"ustar\x0000"
-    header[329:337] = _octal(devmajor, 8)
-    header[337:345] = _octal(devminor, 8)
-    header[148:156] = b"%06o\0 " % sum(header)
-    return bytes(header)
+class _Ustar(NamedTuple):
+    """One ustar header block's fields, in the order the block holds them."""
+
+    name: bytes
+    mode: int
+    uid: int
+    gid: int
+    size: int
+    mtime: int
+    kind: bytes
+    link: bytes
+    devmajor: int = 0
+    devminor: int = 0
+
+    def block(self) -> bytes:
+        header = bytearray(BLOCK)
+        header[0:100] = self.name[:100].ljust(100, b"\0")
+        header[100:108] = _octal(self.mode, 8)
+        header[108:116] = _octal(self.uid, 8)
+        header[116:124] = _octal(self.gid, 8)
+        header[124:136] = _octal(self.size, 12)
+        header[136:148] = _octal(self.mtime, 12)
+        header[148:156] = b" " * 8
+        header[156:157] = self.kind
+        header[157:257] = self.link[:100].ljust(100, b"\0")
+        header[257:265] = b"ustar\x0000"
+        header[329:337] = _octal(self.devmajor, 8)
+        header[337:345] = _octal(self.devminor, 8)
+        header[148:156] = b"%06o\0 " % sum(header)
+        return bytes(header)
 
 
 OCTAL_LIMITS = {8: 0o7777777, 12: 0o77777777777}
@@ -331,16 +344,16 @@ def header(entry: Entry) -> bytes:
     blocks = b""
     if records:
         payload = b"".join(_pax_record(key, records[key]) for key in sorted(records))
-        blocks = _ustar(b"././@PaxHeader", 0o644, 0, 0, len(payload), 0, b"x", b"", 0, 0)
+        blocks = _Ustar(b"././@PaxHeader", 0o644, 0, 0, len(payload), 0, b"x", b"").block()
         blocks += payload + bytes(-len(payload) % BLOCK)
 
     def fits(value: int, width: int) -> int:
         return value if 0 <= value <= OCTAL_LIMITS[width] else 0
 
-    return blocks + _ustar(
+    return blocks + _Ustar(
         name, entry.mode, fits(entry.uid, 8), fits(entry.gid, 8), fits(entry.size, 12), fits(entry.mtime, 12),
         entry.kind, link, entry.devmajor, entry.devminor,
-    )  # fmt: skip
+    ).block()  # fmt: skip
 
 
 class _Digesting:

@@ -17,9 +17,9 @@ from builder.errors import UserError
 from builder.oci.registry import OCI_INDEX, Manifest, Registry
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
-from builder.progress import Report
 from builder.publish import tags
 from builder.publish.publication import Publication
+from builder.steps import Report
 
 
 def is_multiarch(grid: Matrix, cell: Cell) -> bool:

@@ -39,8 +39,8 @@ from builder.errors import UserError
 from builder.oci.registry import Registry
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
-from builder.progress import Report
 from builder.publish import attachments, multiarch, provenance, publish, reports
+from builder.steps import Report
 
 # A digest with more artifacts than this is read no further: prune by hand, a few at a time.
 MAX_ARTIFACTS = 1024

@@ -37,10 +37,10 @@ from builder.lock import requirements as lock
 from builder.oci.registry import Manifest, Registry
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
-from builder.progress import Report
 from builder.publish import attachments, multiarch, provenance, recompress, reports, sbom, soci
 from builder.publish.publication import Publication
 from builder.publish.publisher import Publisher, Records
+from builder.steps import Report
 from builder.terminal import code_text, markdown_text
 
 TABLE_START, TABLE_END = "<!-- published-tags:start -->", "<!-- published-tags:end -->"

@@ -17,8 +17,8 @@ from securesystemslib.signer import CryptoSigner, SSlibKey
 from builder.errors import UserError
 from builder.oci.registry import Registry
 from builder.plan.matrix import Matrix
-from builder.progress import Report
 from builder.publish import attachments
+from builder.steps import Report
 
 
 def _quiet(_: str) -> None:

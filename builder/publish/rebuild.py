@@ -34,10 +34,10 @@ from builder.errors import UserError
 from builder.oci.registry import INDEX_TYPES, Manifest, Registry, json_object
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
-from builder.progress import Report
 from builder.publish import attachments, multiarch, provenance, publish, tags, trust
 from builder.publish.verify import CELL_LABEL, Reference
 from builder.repro import layers, manifests
+from builder.steps import Report
 from builder.wheelhouse import wheelhouse
 
 REBUILD_REPOSITORY = "torch-images/rebuild"  # the engine's tag of a rebuilt image: never the product's

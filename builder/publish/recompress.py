@@ -39,7 +39,7 @@ from builder.digests import canonical_json
 from builder.engine import archive, ids
 from builder.errors import UserError
 from builder.oci.registry import OCI_MANIFEST, Manifest, Registry
-from builder.progress import Report
+from builder.steps import Report
 
 ZSTD_LAYER = "application/vnd.oci.image.layer.v1.tar+zstd"
 GZIP_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"

@@ -54,9 +54,9 @@ from builder.oci.registry import (
     Registry,
     sha256_digest,
 )
-from builder.progress import Report
 from builder.publish import attachments, provenance
 from builder.publish.publication import Publication
+from builder.steps import Report
 from builder.wheelhouse import tools as pinned_tools
 
 INDEX_TYPE = "application/vnd.amazon.soci.index.v1+json"  # the index's config type: its artifactType

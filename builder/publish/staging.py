@@ -30,11 +30,11 @@ from builder.errors import UserError
 from builder.oci.registry import IMAGE_TYPES, Manifest, Registry
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
-from builder.progress import Report
 from builder.publish import existing, multiarch, publish, reports, soci, tags, trust
 from builder.publish.publication import Publication, tag_suffix
 from builder.publish.publish import ARTIFACT_TYPES
 from builder.publish.publisher import Publisher, Records
+from builder.steps import Report
 
 RUN = grammar.Grammar(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,39}", "a run ID of letters, digits, '_' and '-' (CI's run number)")
 

@@ -38,8 +38,8 @@ from builder import times
 from builder.digests import canonical_json
 from builder.engine import archive, canonical, contentstore, ids, layerdirs
 from builder.errors import UserError
-from builder.progress import Report
 from builder.repro import manifests
+from builder.steps import Report
 
 LAYER_INSTRUCTIONS = ("RUN", "COPY", "ADD")
 # The config's `config` fields an image carries; everything else there describes the build host

@@ -32,7 +32,7 @@ from builder.errors import UserError
 from builder.lock.requirements import Lockfile
 from builder.plan.cell import Cell
 from builder.plan.matrix import Matrix
-from builder.progress import Report
+from builder.steps import Report
 from builder.wheelhouse import served, wheelchoice
 from builder.wheelhouse.fileref import FileRef
 

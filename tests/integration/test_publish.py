@@ -1105,6 +1105,40 @@ def test_a_rebuild_names_the_first_differing_layer_and_its_paths_and_another_loc
     assert {image.id for image in built.client.images.list(all=True)} <= before  # nothing built
 
 
+def test_a_rebuild_names_a_layer_appended_by_docker_commit_and_the_file_in_it(
+    built: BuiltCell, start_registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 57: the commonest tampering, one file copied into a container of the published image
+    and the container committed and pushed under the tag, is named as the layer added and the
+    file in it, not only as configs that differ."""
+    running = start_registry(seeded=True)
+    _publish(built, running, tmp_path, monkeypatch)
+    tampered = f"{running.host}/torch:{built.cell.tag}"
+    container = built.client.containers.create(built.reference, command=["true"])
+    planted = io.BytesIO()
+    with tarfile.open(fileobj=planted, mode="w") as archive:
+        info = tarfile.TarInfo("planted.sh")
+        info.size, info.mode = 6, 0o755
+        archive.addfile(info, io.BytesIO(b"echo x"))
+    try:
+        container.put_archive("/usr/local/bin", planted.getvalue())
+        committed = container.commit(repository=f"{running.host}/torch", tag=built.cell.tag)
+    finally:
+        container.remove()
+    try:
+        for line in built.client.images.push(f"{running.host}/torch", built.cell.tag, stream=True, decode=True):
+            assert "error" not in line, line
+        api = running.api()
+        published = rebuild.resolve(api, verify.parse_reference(tampered))
+        found = rebuild.Rebuilt(published, built.cell.name, built.image_id)
+        rebuild.compare_layers(built.client, api, "torch", published, built.reference, found)
+    finally:
+        built.client.images.remove(committed.id, force=True)
+    assert not found.same and found.differing_layer == len(published.diff_ids) - 1
+    assert "the published image has 1 layer(s) more than the rebuild" in found.notes, found.notes
+    assert "usr/local/bin/planted.sh: only in the published layer" in found.paths, found.paths
+
+
 def test_promote_counts_rebuilder_keys_that_agree_and_never_the_teams_key_or_one_key_twice(
     built: BuiltCell,
     smoke_result: smoke.SmokeResult,

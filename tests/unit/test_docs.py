@@ -165,6 +165,34 @@ def test_the_docs_that_come_from_the_code_are_what_the_code_gives() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("docstring", "summary"),
+    [
+        ("Steps: how a long job says how it goes (`log.step` is the model). More.",
+         "How a long job says how it goes (`log.step` is the model)"),
+        ("`audit`: what the advisories say. More.", "`audit`: what the advisories say"),
+        ("A SOCI index (`publish.soci: true`): what lets a node start early.", "A SOCI index (`publish.soci: true`)"),
+        ("A client (distribution) on `requests`, with token (a `WWW-Authenticate: Bearer` challenge, as Docker Hub, "
+         "GHCR, Quay and ECR use) and basic authentication, and credentials found the way docker finds them.",
+         "A client (distribution) on `requests`, with token..."),
+    ],
+)  # fmt: skip
+def test_a_module_summary_says_something_and_ends_outside_parentheses_and_code(
+    docstring: str, summary: str, tmp_path: Path
+) -> None:
+    module = tmp_path / "module.py"
+    module.write_text(f'"""{docstring}"""\n')
+    assert docs_tables.first_sentence(module) == summary
+
+
+def test_no_summary_in_the_layout_table_is_cut_inside_parentheses_or_code() -> None:
+    modules = sorted((REPO / "builder").rglob("*.py"))
+    assert len(modules) > 100
+    for module in modules:
+        text = docs_tables.first_sentence(module)
+        assert text.count("`") % 2 == 0 and text.count("(") == text.count(")"), f"{module}: {text}"
+
+
 def test_the_schema_accepts_the_matrix_and_refuses_an_unknown_key(tmp_path: Path) -> None:
     """Editors validate matrix.yaml by it: the shipped matrix passes, a misspelt key does not."""
     schema = json.loads(docs_tables.SCHEMA.read_text())
