@@ -32,6 +32,9 @@ CUSTOM_IMAGES = REPO / "docs" / "custom-images.md"
 START, END = "<!-- layout: written by python -m harness.docs_tables; do not edit -->", "<!-- layout end -->"
 KEYS_START = "<!-- matrix keys: written by python -m harness.docs_tables from builder/config/schema.py; do not edit -->"
 KEYS_END = "<!-- matrix keys end -->"
+FIELDS_START = "<!-- tag fields: written by python -m harness.docs_tables from builder/plan/cell.py; do not edit -->"
+FIELDS_END = "<!-- tag fields end -->"
+CPU_CELL = "2.13.0-cpu-bookworm-runtime"
 # The folders in the order data flows through them, then the mechanisms and the command line.
 FOLDERS = ("config", "facts", "plan", "engine", "lock", "wheelhouse", "render", "repro", "assemble", "publish",
            "oci", "commands")  # fmt: skip
@@ -39,8 +42,10 @@ MAX_SENTENCE = 110
 README = REPO / "README.md"
 SWEEP_RECORD = REPO / "images" / "sweep.json"
 FLAGSHIP = "2.15.0-cu13.2-bookworm-runtime"
-# A figure in the README: <!--f:NAME-->VALUE<!--/f-->, VALUE written from FIGURES[NAME].
-FIGURE_SPAN = re.compile(r"<!--f:([a-z0-9_]+)-->(.*?)<!--/f-->", re.S)
+# The README's figures are plain text; a comment at the end of each paragraph (or list item) that
+# states some names them in order, <!-- figures: NAME=VALUE; NAME=VALUE -->, so the prose reads
+# without markers and the writer still knows which text each figure is.
+FIGURES_NOTE = re.compile(r"<!-- figures: ([^>]*?) -->")
 
 
 def first_sentence(path: Path) -> str:
@@ -160,6 +165,19 @@ def matrix_keys() -> str:
     return "\n".join(["| key | default | meaning |", "|---|---|---|", *_key_rows(schema.MatrixSpec, "")])
 
 
+def tag_fields() -> str:
+    """Each field a tag template may use, what it is, and its value on the flagship and the CPU cell."""
+    sys.path.insert(0, str(REPO))
+    from builder.plan import cell, matrix
+
+    grid = matrix.load_matrix(REPO / "matrix.yaml")
+    flagship, cpu = (grid.select([name])[0].fields() for name in (FLAGSHIP, CPU_CELL))
+    rows = [f"| field | what it is | `{FLAGSHIP}` | `{CPU_CELL}` |", "|---|---|---|---|"]
+    for name, meaning in cell.TAG_FIELDS.items():
+        rows.append(f"| `{{{name}}}` | {meaning} | `{flagship[name]}` | `{cpu[name]}` |".replace("``", "(empty)"))
+    return "\n".join(rows)
+
+
 def _between(text: str, start: str, end: str, body: str, where: Path) -> str:
     if start not in text or end not in text:
         raise SystemExit(f"{where}: the generated table's markers are missing ({start} ... {end})")
@@ -173,7 +191,8 @@ def with_layout(text: str) -> str:
 
 
 def with_keys(text: str) -> str:
-    return _between(text, KEYS_START, KEYS_END, matrix_keys(), CUSTOM_IMAGES)
+    with_table = _between(text, KEYS_START, KEYS_END, matrix_keys(), CUSTOM_IMAGES)
+    return _between(with_table, FIELDS_START, FIELDS_END, tag_fields(), CUSTOM_IMAGES)
 
 
 def _found(page: str, pattern: str) -> str:
@@ -228,16 +247,47 @@ FIGURES: dict[str, Any] = {
 }
 
 
+def figure_notes(text: str) -> list[tuple[int, int, list[tuple[str, str]]]]:
+    """Each figures comment: where its paragraph starts, where the comment starts, and its
+    (name, value) pairs in order. A paragraph starts after a blank line or at a list item."""
+    found = []
+    for note in FIGURES_NOTE.finditer(text):
+        line_start = text.rfind("\n", 0, note.start()) + 1
+        paragraph = line_start
+        while paragraph > 0:
+            previous = text.rfind("\n", 0, paragraph - 1) + 1
+            line = text[previous : paragraph - 1]
+            if not line.strip() or text[paragraph:].startswith("- ") or "<!-- figures:" in line:
+                break
+            paragraph = previous
+        pairs = [tuple(item.split("=", 1)) for item in note.group(1).split("; ")]
+        if any(len(pair) != 2 for pair in pairs):
+            raise SystemExit(f"README.md: {note.group()!r} is not NAME=VALUE; NAME=VALUE")
+        found.append((paragraph, note.start(), [(name, value) for name, value in pairs]))
+    return found
+
+
 def with_figures(text: str) -> str:
-    """The README with each figure span holding its value from its source."""
-
-    def value(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name not in FIGURES:
-            raise SystemExit(f"README.md: no figure named {name!r}; the names are {', '.join(FIGURES)}")
-        return f"<!--f:{name}-->{FIGURES[name]()}<!--/f-->"
-
-    return FIGURE_SPAN.sub(value, text)
+    """The README with each figure, in its paragraph and in the comment that names it, holding
+    its value from its source."""
+    out, done = [], 0
+    for paragraph, note_at, pairs in figure_notes(text):
+        prose, at, fresh = text[paragraph:note_at], 0, []
+        for name, old in pairs:
+            if name not in FIGURES:
+                raise SystemExit(f"README.md: no figure named {name!r}; the names are {', '.join(FIGURES)}")
+            place = re.compile(rf"(?<![\w.]){re.escape(old)}(?![\w])").search(prose, at)
+            if place is None:
+                raise SystemExit(f"README.md: the figure {name} ({old}) is not in the paragraph its comment ends")
+            value = FIGURES[name]()
+            prose = prose[: place.start()] + value + prose[place.end() :]
+            at = place.start() + len(value)
+            fresh.append(f"{name}={value}")
+        note = FIGURES_NOTE.match(text, note_at)
+        assert note is not None
+        out += [text[done:paragraph], prose, f"<!-- figures: {'; '.join(fresh)} -->"]
+        done = note.end()
+    return "".join(out) + text[done:]
 
 
 CLI = REPO / "docs" / "cli.md"
@@ -291,8 +341,8 @@ def main() -> None:
     confined.write_text(SCHEMA, matrix_schema())
     confined.write_text(README, with_figures(README.read_text()))
     print(
-        f"wrote {CLI}, the layout table in {DEVELOPMENT}, the key table in {CUSTOM_IMAGES}, {SCHEMA}, and {README}'s "
-        "figures"
+        f"wrote {CLI}, the layout table in {DEVELOPMENT}, the key and tag field tables in {CUSTOM_IMAGES}, {SCHEMA}, "
+        f"and {README}'s figures"
     )
 
 

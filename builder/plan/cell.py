@@ -15,6 +15,24 @@ from builder.facts.compat import TorchBuild
 # the repro stage (repro/recorded.py), and among the files render keeps or removes with the cell.
 RECORDED_IMAGE_ID_FILE = "image-id"
 
+# The fields a `tag:` or `aliases:` template may use, and what each is; docs/custom-images.md's
+# table of them, with the flagship's and the CPU cell's values, is written from this.
+TAG_FIELDS: dict[str, str] = {
+    "torch": "torch's version, without its local part",
+    "torch_minor": "torch's major.minor",
+    "cuda": "the CUDA version the wheel is built for (`cpu` for a CPU wheel)",
+    "cuda_tag": "`cu` and the CUDA version, or `cpu`",
+    "cudnn": "the cuDNN version the wheel requires (`none` without one)",
+    "cudnn_tag": "`cudnn` and cuDNN's major.minor (`nocudnn` without one)",
+    "accel": "`{cuda_tag}-{cudnn_tag}`, or `cpu`",
+    "python": "the image's Python, major.minor",
+    "glibc": "the base's glibc",
+    "base": "the base's name in `bases:`",
+    "flavor": "`runtime`, `devel` or `trtllm`",
+    "trtllm": "TensorRT-LLM's version in the `trtllm` flavor (empty elsewhere)",
+    "arch": "Debian's name for the architecture (`amd64`, `arm64`)",
+}
+
 
 @dataclass(frozen=True)
 class BaseImage:
@@ -123,11 +141,11 @@ class Cell:
         return self.torch.glibc_floor.get(self.python, "")
 
     def fields(self) -> dict[str, str]:
-        """The names a tag template may use."""
+        """The names a tag template may use, each as TAG_FIELDS says."""
         torch_minor = ".".join(self.torch.public_version.split(".")[:2])
         cuda_tag = f"cu{self.cuda}" if self.is_cuda else "cpu"
         cudnn_tag = "cudnn" + ".".join((self.cudnn or "").split(".")[:2]) if self.cudnn else ""
-        return {
+        values = {
             "torch": self.torch.public_version,
             "torch_minor": torch_minor,
             "cuda": self.cuda,
@@ -142,6 +160,8 @@ class Cell:
             "trtllm": self.trtllm or "",
             "arch": self.arch,
         }
+        assert set(values) == set(TAG_FIELDS)
+        return values
 
     def spec(self) -> dict[str, Any]:
         """The resolved facts of the cell, as written to images/<cell>/spec.json and image labels."""

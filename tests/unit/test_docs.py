@@ -125,19 +125,31 @@ FIGURE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?) ?(GB|MB|s|min|minutes|%)(?!\w)")
 
 def test_every_figure_the_front_page_states_is_written_from_its_measurement() -> None:
     """Issue 49: figures copied into prose drift. Each size, time or percentage the README states
-    sits in a figure span that `python -m harness.docs_tables` writes from where it was measured
-    (the sweep's record, or the docs page the measurement is on), and holds what that source says
-    now; none is typed by hand."""
+    is named, in order, by the figures comment that ends its paragraph; `python -m
+    harness.docs_tables` writes it from where it was measured (the sweep's record, or the docs page
+    the measurement is on), and it holds what that source says now; none is typed by hand.
+    Issue 60: no marker sits in the middle of a sentence."""
     text = README.read_text()
     assert docs_tables.with_figures(text) == text, "the README's figures are stale: run python -m harness.docs_tables"
-    spans = docs_tables.FIGURE_SPAN.findall(text)
-    assert len(spans) >= 10 and {name for name, _ in spans} == set(docs_tables.FIGURES)
-    outside = docs_tables.FIGURE_SPAN.sub("", text)
-    prose = "\n".join(line for line in outside.splitlines() if not line.startswith(("`", "docker ", "FROM ")))
-    assert FIGURE.findall(prose) == [], "a figure typed into the README: make it a span (harness/docs_tables.py)"
-    # Control: a figure whose source moved is rewritten.
-    moved = text.replace("<!--f:flagship_size-->5.4 GB<!--/f-->", "<!--f:flagship_size-->4.2 GB<!--/f-->")
-    assert moved != text and docs_tables.with_figures(moved) == text
+    notes = docs_tables.figure_notes(text)
+    named = [name for _, _, pairs in notes for name, _ in pairs]
+    assert len(named) >= 10 and sorted(named) == sorted(docs_tables.FIGURES)
+    assert "<!--f:" not in text
+    for line in text.splitlines():
+        assert "<!-- figures:" not in line or line.strip().startswith("<!-- figures:"), line
+    # Every figure in the prose is one its paragraph's comment names.
+    prose, done = [], 0
+    for paragraph, note_at, pairs in notes:
+        stated = FIGURE.findall(text[paragraph:note_at])
+        assert [f"{number} {unit}".replace(" %", "%") for number, unit in stated] == [v for _, v in pairs], pairs
+        prose.append(text[done:paragraph])
+        done = text.index("-->", note_at) + 3
+    prose.append(text[done:])
+    outside = "\n".join(line for line in "".join(prose).splitlines() if not line.startswith(("`", "docker ", "FROM ")))
+    assert FIGURE.findall(outside) == [], "a figure typed into the README: name it in a figures comment"
+    # Control: a figure whose source moved is rewritten, in the prose and in its comment.
+    moved = text.replace("5.4 GB", "4.2 GB")
+    assert moved.count("4.2 GB") == 2 and docs_tables.with_figures(moved) == text
 
 
 def test_the_front_page_keeps_its_lines_under_120_characters() -> None:
