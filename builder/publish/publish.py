@@ -51,13 +51,13 @@ def gate(engine: docker.DockerClient, grid: Matrix, cells: list[Cell]) -> list[P
     publish.soci needs must be here, before anything is sent."""
     if grid.spec.publish.soci:
         soci.tools(engine)
-    ready, refused, want_gpu = [], [], []
+    ready, refused, want_gpu, unbuilt = [], [], [], []
     for cell in cells:
         reference = local_reference(grid, cell)
         try:
             image_id = ids.config_digest(engine, reference)
         except docker.errors.ImageNotFound:
-            refused.append(f"{cell.name}: not built ({reference}); run `python -m builder build {cell.name}`")
+            unbuilt.append(cell.name)  # said once for all of them, below
             continue
         report = smoke.passing_report(image_id)
         if report is None:
@@ -81,6 +81,8 @@ def gate(engine: docker.DockerClient, grid: Matrix, cells: list[Cell]) -> list[P
                 gpu_report=gated.gpu_report,
             )
         )  # fmt: skip
+    if unbuilt:
+        refused.append(_not_built(unbuilt))
     if want_gpu:  # a machine without a GPU refuses every CUDA cell for one reason: said once
         refused.append(
             f"{len(want_gpu)} CUDA cell{'s' if len(want_gpu) > 1 else ''} ({', '.join(want_gpu)}) need a passing GPU "
@@ -90,6 +92,20 @@ def gate(engine: docker.DockerClient, grid: Matrix, cells: list[Cell]) -> list[P
     if refused:
         raise UserError("refused, nothing pushed: " + " | ".join(refused))
     return ready
+
+
+NAMED_AT_MOST = 3  # cells a refusal names before it counts the rest
+
+
+def _not_built(cells: list[str]) -> str:
+    """One clause for every cell with no image here, naming a few: `--all` on a fresh machine
+    would otherwise print a line per cell of the matrix."""
+    named = ", ".join(cells[:NAMED_AT_MOST]) + (
+        f" and {len(cells) - NAMED_AT_MOST} more" if len(cells) > NAMED_AT_MOST else ""
+    )
+    if len(cells) == 1:
+        return f"{named}: not built; run `python -m builder build {named}`"
+    return f"{len(cells)} cells not built ({named}); run `python -m builder build CELL...` or `build --all`"
 
 
 PUSH_PROGRESS_S = 10.0  # how often a layer's upload says how far it got

@@ -239,3 +239,39 @@ def test_the_sign_job_carries_the_first_builders_name_into_the_provenance_or_ref
         (tmp_path / f"{tag}.json").write_text(json.dumps({"tag": tag, "built_on": hostile}))
         with pytest.raises(UserError, match="its built_on is not an engine's name"):
             signing.recorded_builder(tmp_path, tag)
+
+
+class _EmptyEngine:
+    """An engine that holds no image: what `push --all` meets on a fresh machine."""
+
+    class images:
+        @staticmethod
+        def get(reference: str) -> None:
+            import docker.errors
+
+            raise docker.errors.ImageNotFound(reference)
+
+    class api:
+        @staticmethod
+        def inspect_image(reference: str) -> None:
+            import docker.errors
+
+            raise docker.errors.ImageNotFound(reference)
+
+
+def test_the_gate_names_a_few_unbuilt_cells_and_counts_the_rest_in_one_clause() -> None:
+    """Issue 60: `push --all` before `build --all` said a clause per cell of the matrix."""
+    grid = load_matrix(REPO / "matrix.yaml")
+    one = grid.flagship
+    with pytest.raises(UserError) as caught:
+        publish.gate(_EmptyEngine(), grid, [one])  # type: ignore[arg-type]
+    assert (
+        caught.value.message
+        == f"refused, nothing pushed: {one.name}: not built; run `python -m builder build {one.name}`"
+    )
+    with pytest.raises(UserError) as caught:
+        publish.gate(_EmptyEngine(), grid, grid.cells)  # type: ignore[arg-type]
+    message = caught.value.message
+    assert message.startswith(f"refused, nothing pushed: {len(grid.cells)} cells not built (")
+    assert f"and {len(grid.cells) - 3} more); run `python -m builder build CELL...` or `build --all`" in message
+    assert len(message) < 400 and grid.cells[5].name not in message
