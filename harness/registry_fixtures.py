@@ -8,6 +8,7 @@ import base64
 import contextlib
 import http.server
 import json
+import re
 import secrets
 import socket
 import subprocess
@@ -183,3 +184,95 @@ class CuttingProxy:
             yield f"127.0.0.1:{self.port}"
         finally:
             listener.close()
+
+
+@dataclass
+class DyingProxy:
+    """A TCP proxy on loopback in front of a registry that dies at the first request whose bytes
+    match `at` (a pattern over the request line: rb"^DELETE /v2/" for prune's first delete): every
+    connection is cut, that request's before it reaches the registry, and the port refuses
+    connections for `down_s` seconds, as a registry that crashed and is restarted does. Then it
+    forwards again. A client's retries (about 7 s in all) do not outlast the default 20 s."""
+
+    target_port: int
+    at: bytes
+    down_s: float = 20.0
+    deaths: int = 0
+    port: int = 0
+    _open: set[socket.socket] = field(default_factory=set)
+    _listener: socket.socket | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _closing: bool = False
+
+    def _pump(self, source: socket.socket, sink: socket.socket, upstream: bool) -> None:
+        try:
+            while data := source.recv(1 << 16):
+                if upstream and self.deaths == 0 and re.search(self.at, data, re.MULTILINE):
+                    self._die()
+                    break
+                sink.sendall(data)
+        except OSError:
+            pass
+        self._close(source, sink)
+
+    def _close(self, *ends: socket.socket) -> None:
+        for end in ends:
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+            end.close()
+            self._open.discard(end)
+
+    def _die(self) -> None:
+        with self._lock:
+            self.deaths += 1
+            listener, self._listener = self._listener, None
+        if listener is not None:
+            # Connections are refused from now on: shutdown wakes the accept blocked on it (a
+            # close alone leaves the socket listening until that accept returns).
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
+            listener.close()
+        self._close(*list(self._open))
+        threading.Timer(self.down_s, self._come_back).start()
+
+    def _come_back(self) -> None:
+        if self._closing:
+            return
+        listener = socket.create_server(("127.0.0.1", self.port), reuse_port=False)
+        with self._lock:
+            self._listener = listener
+        threading.Thread(target=self._serve, args=(listener,), daemon=True).start()
+
+    def _serve(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            self._open |= {client, upstream}
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def wait_until_back(self) -> None:
+        """Returns once the registry answers through the proxy again."""
+        for _ in range(int(self.down_s * 10) + 100):
+            if self._listener is not None:
+                return
+            time.sleep(0.1)
+        raise AssertionError("the proxy did not come back")
+
+    @contextmanager
+    def serving(self) -> Iterator[str]:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._serve, args=(self._listener,), daemon=True).start()
+        try:
+            yield f"127.0.0.1:{self.port}"
+        finally:
+            self._closing = True
+            if self._listener is not None:
+                with contextlib.suppress(OSError):
+                    self._listener.shutdown(socket.SHUT_RDWR)
+                self._listener.close()
+            self._close(*list(self._open))

@@ -17,6 +17,7 @@ import contextlib
 import json
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -169,19 +170,19 @@ def push_engine_image(
         manifest = recompress.push_gzip_form(engine, registry, name, in_engine, report)
         registry.put_manifest(name, tag, manifest)
         return manifest.digest
-    engine.images.get(in_engine).tag(repository, tag)
     found = registry.credentials
     auth = {"username": found.username, "password": found.password} if found else None
     report(f"pushing {repository}:{tag}")
     pushed = ""
-    for attempt in range(3):  # the engine retries layers itself; this covers a dropped connection
-        try:
-            pushed = _engine_push(engine, repository, tag, auth, report)
-            break
-        except UserError as error:
-            if "credentials" in error.message or attempt == 2:
-                raise
-            report(f"push interrupted ({error.message}); retrying")
+    with _named_for_the_push(engine, in_engine, repository, tag):
+        for attempt in range(3):  # the engine retries layers itself; this covers a dropped connection
+            try:
+                pushed = _engine_push(engine, repository, tag, auth, report)
+                break
+            except UserError as error:
+                if "credentials" in error.message or attempt == 2:
+                    raise
+                report(f"push interrupted ({error.message}); retrying")
     verified = registry.manifest(name, tag)
     if verified is None or (pushed and verified.digest != pushed):
         raise UserError(
@@ -189,6 +190,27 @@ def push_engine_image(
             f"the engine pushed {pushed}; aliases left where they were"
         )
     return verified.digest
+
+
+@contextlib.contextmanager
+def _named_for_the_push(engine: docker.DockerClient, in_engine: str, repository: str, tag: str) -> Iterator[None]:
+    """The engine pushes by name: the image is named `repository:tag` for the push, and the name
+    goes again however the push ends (finished, failed or interrupted), or goes back to the image
+    it named before. A publish leaves the engine's names as it found them."""
+    name = f"{repository}:{tag}"
+    try:
+        before: str | None = engine.images.get(name).id
+    except docker.errors.ImageNotFound:
+        before = None
+    engine.images.get(in_engine).tag(repository, tag)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(docker.errors.APIError):
+            if before is None:
+                engine.api.remove_image(name, noprune=True)
+            else:
+                engine.api.tag(before, repository, tag, force=True)
 
 
 def _config_digest(manifest: Manifest) -> str | None:
@@ -501,9 +523,21 @@ def finish(publisher: Publisher, items: list[Publication], records: Records | No
     grid, records = publisher.grid, records or Records()
     _move_aliases(publisher, items)
     for item in items:
-        if not item.unchanged or item.moved_aliases or item.attached:
+        # Also where nothing moved but the record does not name the digest: a publish cut after
+        # its last move and before its record is finished by the next run.
+        stale = _recorded_digest(records.folder(grid) / f"{item.record_name}.json") != item.points_to
+        if not item.unchanged or item.moved_aliases or item.attached or stale:
             write_record(grid, item, records.folder(grid))
     update_readme_table(records.table(grid), records.folder(grid))
+
+
+def _recorded_digest(path: Path) -> object:
+    """The digest a publish record names; None where there is no record, or not one."""
+    try:
+        record = json.loads(path.read_text()) if path.is_file() and not path.is_symlink() else None
+    except (OSError, ValueError):
+        return None
+    return record.get("digest") if isinstance(record, dict) else None
 
 
 def write_record(grid: Matrix, item: Publication, records_dir: Path) -> Path:

@@ -249,3 +249,42 @@ def test_a_build_stopped_in_its_bootstrap_leaves_no_process_folder_or_mount_and_
     assert _tagged(client, base_tag) is None and _tagged(client, reference) == tagged_before
     again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
+
+
+def test_a_build_stopped_while_it_downloads_its_wheels_leaves_no_partial_file_and_builds_again(
+    client: docker.DockerClient, tmp_path: Path
+) -> None:
+    """SIGTERM three seconds into the wheels' download (a cache of its own, empty, so torch's CPU
+    wheel comes from PyPI): no `.part-` file, no step image, no moved tag; the same command then
+    downloads and builds."""
+    grid = matrix.load_matrix(REPO / "matrix.yaml")
+    reference = build.local_reference(grid, grid.cell(CELL))
+    tagged_before = _tagged(client, reference)
+    images_before, containers_before = _engine_state(client)
+    cache = tmp_path / "cache"
+    command = [sys.executable, "-m", "builder", "build", "--no-cache", "--no-smoke", CELL]
+    environment = {**os.environ, "TORCH_IMAGES_CACHE": str(cache)}
+
+    def three_seconds_in(running: subprocess.Popen[str]) -> None:
+        time.sleep(3)
+        running.send_signal(signal.SIGTERM)
+
+    previous = os.environ.get("TORCH_IMAGES_CACHE")
+    os.environ["TORCH_IMAGES_CACHE"] = str(cache)  # what _cut_when's process gets
+    try:
+        code, said = _cut_when(command, lambda line: "fetching and verifying wheels" in line, three_seconds_in)
+    finally:
+        if previous is None:
+            os.environ.pop("TORCH_IMAGES_CACHE")
+        else:
+            os.environ["TORCH_IMAGES_CACHE"] = previous
+    assert code == 143 and "Traceback" not in said, said[-3000:]
+    assert "terminated" in [line for line in said.splitlines() if line.strip()][-1], said[-2000:]
+    wheels = [p for p in (cache / "wheelhouse").rglob("*.whl")] if (cache / "wheelhouse").exists() else []
+    partial = [str(p) for p in cache.rglob("*") if p.name.startswith(".part-")]
+    assert partial == [], partial
+    assert not any("torch-2.13.0" in p.name for p in wheels), "the download was not cut: pick a later point"
+    assert _tagged(client, reference) == tagged_before
+    assert _engine_state(client) == (images_before, containers_before)
+    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500, env=environment)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
