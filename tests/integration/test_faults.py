@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(1
 REPO = Path(__file__).resolve().parents[2]
 CELL = "2.13.0-cpu-bookworm-runtime"
 STEP = re.compile(r"Step (\d+)/(\d+)")
+SHA256 = re.compile(r"sha256:([0-9a-f]{64})")
 
 
 def halfway_through_the_steps(line: str) -> bool:
@@ -116,18 +117,32 @@ def test_a_build_stopped_in_any_phase_leaves_nothing_and_builds_again(
         assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
 
 
-@pytest.fixture
-def small_cache(tmp_path: Path) -> Iterator[Path]:
-    """The builder's cache on a filesystem of its own, too small for the CPU cell's wheels."""
+@contextlib.contextmanager
+def _cache_of_size(tmp_path: Path, size: str) -> Iterator[Path]:
+    """The builder's cache on a filesystem of its own, of `size`."""
     mount = tmp_path / "cache"
     mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96m", "tmpfs", str(mount)], capture_output=True)
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True)
     if made.returncode != 0:
         pytest.skip(f"cannot mount a small filesystem here: {made.stderr.decode().strip()}")
     try:
         yield mount
     finally:
         subprocess.run(["umount", "--lazy", str(mount)], check=False)
+
+
+@pytest.fixture
+def small_cache(tmp_path: Path) -> Iterator[Path]:
+    """Too small for the CPU cell's wheels (235 MB)."""
+    with _cache_of_size(tmp_path, "96m") as mount:
+        yield mount
+
+
+@pytest.fixture
+def cache_for_the_wheels_alone(tmp_path: Path) -> Iterator[Path]:
+    """Room for the CPU cell's wheels and indexes, not for the canonical pass's largest layer (745 MB)."""
+    with _cache_of_size(tmp_path, "500m") as mount:
+        yield mount
 
 
 def test_a_build_whose_cache_disk_fills_up_ends_in_one_line_and_leaves_no_partial_file(
@@ -151,6 +166,33 @@ def test_a_build_whose_cache_disk_fills_up_ends_in_one_line_and_leaves_no_partia
     assert _tagged(client, reference) == tagged_before
     assert _engine_state(client) == (images_before, containers_before)
     subprocess.run(["mount", "-o", "remount,size=4g", str(small_cache)], check=True)
+    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500, env=env)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
+
+
+def test_a_canonical_pass_whose_cache_disk_fills_up_puts_the_tag_back_and_leaves_no_image_or_scrap(
+    client: docker.DockerClient, cache_for_the_wheels_alone: Path
+) -> None:
+    """The cache's disk fills while the canonical pass writes a layer: one line, status 2, the
+    cell's tag on what it named before, no raw image, step or scratch file left; with room
+    made, the same command builds."""
+    cache = cache_for_the_wheels_alone
+    grid = matrix.load_matrix(REPO / "matrix.yaml")
+    reference = build.local_reference(grid, grid.cell(CELL))
+    tagged_before = _tagged(client, reference)
+    images_before, containers_before = _engine_state(client)
+    command = [sys.executable, "-m", "builder", "build", "--no-cache", "--no-smoke", CELL]
+    env = {**os.environ, "TORCH_IMAGES_CACHE": str(cache)}
+    full = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500, env=env)
+    said = (full.stdout + full.stderr).strip()
+    assert "the canonical pass" in said, "the disk filled before the canonical pass: " + said[-3000:]
+    assert full.returncode == 2, said[-3000:]
+    assert "Traceback" not in said and said.splitlines()[-1].startswith("error: the disk is full"), said[-3000:]
+    scrap = [str(p) for p in cache.rglob("*") if p.name.startswith((".part-", "tmp"))]
+    assert scrap == [], scrap
+    assert _tagged(client, reference) == tagged_before
+    assert _engine_state(client) == (images_before, containers_before)
+    subprocess.run(["mount", "-o", "remount,size=4g", str(cache)], check=True)
     again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500, env=env)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
 
@@ -280,10 +322,11 @@ def test_a_build_stopped_while_it_downloads_its_wheels_leaves_no_partial_file_an
             os.environ["TORCH_IMAGES_CACHE"] = previous
     assert code == 143 and "Traceback" not in said, said[-3000:]
     assert "terminated" in [line for line in said.splitlines() if line.strip()][-1], said[-2000:]
-    wheels = [p for p in (cache / "wheelhouse").rglob("*.whl")] if (cache / "wheelhouse").exists() else []
     partial = [str(p) for p in cache.rglob("*") if p.name.startswith(".part-")]
     assert partial == [], partial
-    assert not any("torch-2.13.0" in p.name for p in wheels), "the download was not cut: pick a later point"
+    locked = {sha for lock in grid.cell(CELL).directory.glob("*.lock") for sha in SHA256.findall(lock.read_text())}
+    fetched = {p.parent.name for p in (cache / "wheelhouse" / "sha256").glob("*/*/*") if p.is_file()}
+    assert locked - fetched, "every locked file was fetched before the signal: cut earlier"
     assert _tagged(client, reference) == tagged_before
     assert _engine_state(client) == (images_before, containers_before)
     again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500, env=environment)
