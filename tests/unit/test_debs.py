@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -265,3 +267,53 @@ def test_a_pinned_cache_entry_that_is_not_its_bytes_is_fetched_again(tmp_path: P
         cached.symlink_to(elsewhere)
     assert debfile.fetch(source.as_uri(), pinned, cached, "the test pins") == cached
     assert not cached.is_symlink() and hashlib.sha256(cached.read_bytes()).hexdigest() == pinned
+
+
+def _later(monkeypatch: pytest.MonkeyPatch, seconds: float = 10) -> None:
+    """The clock moved on: what was changed before now is settled (a change time cannot be set back)."""
+    now = time.time_ns() + int(seconds * 1e9)
+    monkeypatch.setattr(debfile.time, "time_ns", lambda: now)
+
+
+def test_a_settled_unpacked_tree_is_not_hashed_again_until_an_entry_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 58's follow-up: qemu's 455 MB tree was hashed on every use (about 3 s each). Its
+    bytes are hashed again only where an entry's inode, size, mode or times moved."""
+    deb = _tool_deb(tmp_path)
+    root = tmp_path / "cache" / "tools" / "demo-tool-1.0"
+    debfile.unpacked(deb, root, "1.0")
+    hashed: list[Path] = []
+    real = debfile.tree_digest
+    monkeypatch.setattr(debfile, "tree_digest", lambda where: hashed.append(where) or real(where))
+    debfile.unpacked(deb, root, "1.0")
+    assert hashed == [root]  # just unpacked: its times are too recent to trust, so its bytes are read
+    _later(monkeypatch)
+    debfile.unpacked(deb, root, "1.0")  # bytes read once more, and the settled signature kept
+    debfile.unpacked(deb, root, "1.0")
+    debfile.unpacked(deb, root, "1.0")
+    assert hashed == [root, root]
+    program = root / "usr" / "bin" / "demo-tool"
+    text = program.read_text()
+    info = program.stat()
+    program.write_text(text.replace("packaged", "planted!"))  # the same size
+    os.utime(program, ns=(info.st_atime_ns, info.st_mtime_ns))  # its modification time put back
+    _later(monkeypatch, 20)
+    debfile.unpacked(deb, root, "1.0")
+    # The change time moved: the bytes read (they differ), then unpacked again and the new tree hashed.
+    assert len(hashed) == 4 and program.read_text() == text
+
+
+def test_a_tree_changed_within_its_clock_tick_is_never_trusted_by_its_times(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A change in the same tick of the file system's clock as the one before keeps its times: an
+    entry changed within the last two seconds gives no signature, and the bytes are read."""
+    deb = _tool_deb(tmp_path)
+    root = debfile.unpacked(deb, tmp_path / "cache" / "tools" / "demo-tool-1.0", "1.0")
+    assert debfile.stat_signature(root) == ""
+    _later(monkeypatch)
+    assert debfile.stat_signature(root) != ""
+    monkeypatch.undo()
+    (root / "usr" / "bin" / "demo-tool").chmod(0o700)
+    assert debfile.stat_signature(root) == ""
