@@ -60,6 +60,7 @@ BRIDGES = {
     "containerd": ("torch29c", "192.0.2.1/29"),
     "overlay2": ("torch29o", "192.0.2.9/29"),
     "runner": ("torch29r", "192.0.2.17/29"),
+    "small": ("torch29s", "192.0.2.25/29"),  # the faults suite's engine on a small data root
 }
 
 

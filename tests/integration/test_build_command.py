@@ -6,6 +6,7 @@ returns and sibling calls the house issue also counts are not what this test che
 from __future__ import annotations
 
 import collections
+import re
 from pathlib import Path
 
 import docker
@@ -19,6 +20,8 @@ from tests.integration.conftest import BuiltCell
 from tests.support import walk
 
 pytestmark = pytest.mark.integration
+
+DEVELOPMENT = Path(__file__).resolve().parents[2] / "docs" / "development.md"
 
 
 def test_a_build_reads_and_checks_each_cells_inputs_once(
@@ -76,6 +79,9 @@ def test_no_call_of_a_cells_build_goes_back_into_a_file_still_on_its_stack(
         "engine/canonical.py:write_layer",  # the canonical pass in full, not a known image taken
     } <= set(summary["walk"]), summary["walk"]
     assert summary["climbs"] == [], summary["climbs"]
-    # Rooms (stage folders): only the progress line the command handed down is called back, once
-    # per caller; issue 39 asked for at most 8.
-    assert summary["room climbs back"] <= 8, summary["room climbs"]
+    # Rooms (stage folders): only the progress line the command handed down is called back; issue
+    # 39 asked for at most 8, and issue 60 for the figure docs/development.md states to be the one
+    # measured.
+    claimed = re.search(r"with no climb\s+back into a file and (\d+) into a room", DEVELOPMENT.read_text())
+    assert claimed is not None, "docs/development.md no longer states the walk's figure"
+    assert summary["room climbs back"] == int(claimed.group(1)) <= 8, summary["room climbs"]

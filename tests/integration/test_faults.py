@@ -23,6 +23,7 @@ from builder import paths
 from builder.assemble import build
 from builder.engine import daemon
 from builder.plan import matrix
+from harness import docker29
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(1800)]
 
@@ -331,3 +332,46 @@ def test_a_build_stopped_while_it_downloads_its_wheels_leaves_no_partial_file_an
     assert _engine_state(client) == (images_before, containers_before)
     again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500, env=environment)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
+
+
+@pytest.fixture
+def engine_on_a_small_disk() -> Iterator[docker29.Engine]:
+    """A fresh Docker 29 (overlay2) whose data root is a 900 MB filesystem: room for the base, not
+    for the CPU cell's steps (1.15 GB)."""
+    engine = docker29.Engine("overlay2", "small")
+    docker29.remove("overlay2", "small")
+    data_root = engine.state / "docker"
+    data_root.mkdir(parents=True)
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=900m", "tmpfs", str(data_root)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small filesystem here: {made.stderr.decode().strip()}")
+    try:
+        yield docker29.start("overlay2", "small")
+    finally:
+        docker29.remove("overlay2", "small")  # stops it and unmounts the data root
+
+
+def test_a_build_whose_engine_disk_fills_up_fails_in_one_line_leaves_no_step_and_builds_with_room(
+    engine_on_a_small_disk: docker29.Engine,
+) -> None:
+    """The engine's own disk (its data root) full halfway through the steps: the build fails with
+    the engine's "no space left on device" and no traceback, no tag and no step image are left, and
+    with the filesystem grown the same command builds the recorded image ID."""
+    engine = engine_on_a_small_disk
+    environment = {**os.environ, **engine.environment()}
+    command = [sys.executable, "-m", "builder", "build", "--no-cache", "--no-smoke", CELL]
+    small = docker.DockerClient(base_url=engine.docker_host, version="auto")
+    cell = matrix.load_matrix(REPO / "matrix.yaml").cell(CELL)
+    reference = build.local_reference(matrix.load_matrix(REPO / "matrix.yaml"), cell)
+    full = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500, env=environment)
+    said = full.stdout + full.stderr
+    assert full.returncode in (1, 2) and "Traceback" not in said, said[-3000:]
+    assert "no space left on device" in " ".join(said.split()).lower(), said[-3000:]  # the summary wraps it
+    assert _tagged(small, reference) is None
+    left = [image.id for image in small.images.list(all=True) if not image.tags]
+    assert left == [], f"{len(left)} untagged step images left"
+    assert small.containers.list(all=True) == []
+    subprocess.run(["mount", "-o", "remount,size=6g", str(engine.state / "docker")], check=True)
+    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500, env=environment)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
+    assert _tagged(small, reference) == cell.file("image-id").read_text().split()[0]
