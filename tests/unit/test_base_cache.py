@@ -65,3 +65,23 @@ def test_a_damaged_cached_rootfs_is_removed_with_one_line_and_never_loaded(
     assert bases.checked_cached_rootfs(TAG, said.append) is None
     assert len(said) == 1 and why in said[0] and "bootstrapped again" in said[0]
     assert not kept.exists() and not kept.is_symlink() and not kept.with_name(kept.name + ".sha256").exists()
+
+
+@pytest.mark.parametrize("fault", [OSError(28, "No space left on device"), KeyboardInterrupt()])
+def test_a_rootfs_copy_cut_by_a_full_disk_or_a_signal_leaves_no_partial_file_and_no_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: BaseException
+) -> None:
+    """Issue 58: the copy into the cache failing halfway (the disk full, Ctrl-C) left its
+    `.part-` file behind; now nothing of it stays, and no rootfs or digest is kept."""
+    monkeypatch.setenv("TORCH_IMAGES_CACHE", str(tmp_path / "cache"))
+    made = tmp_path / "rootfs.tar"
+    made.write_bytes(b"a canonical tar" * 1000)
+
+    def half_a_copy(source: Path, target: Path) -> None:
+        target.write_bytes(source.read_bytes()[:100])
+        raise fault
+
+    monkeypatch.setattr(bases.shutil, "copyfile", half_a_copy)
+    with pytest.raises(type(fault)):
+        bases._keep_in_cache(made, TAG)
+    assert list(bases.cached_rootfs(TAG).parent.iterdir()) == []
