@@ -120,6 +120,8 @@ def _gzip_cache_file(diff_id: str) -> Path:
 
 def _remembered(level: int, diff_id: str, path: Path | None = None) -> Blob | None:
     path = path or _cache_file(level, diff_id)
+    if path.is_symlink():  # the cache holds files; a link could be pointed anywhere after a check
+        return None
     try:
         entry = json.loads(path.read_text())
         blob = Blob(str(entry["digest"]), int(entry["size"]))

@@ -118,3 +118,23 @@ def test_the_builders_gzip_form_decompresses_to_the_layer_and_is_the_same_bytes_
     assert diff_id == "sha256:" + hashlib.sha256(data).hexdigest()
     assert blob.digest == "sha256:" + hashlib.sha256(first.getvalue()).hexdigest() and blob.size < len(data)
     assert first.getvalue()[4:8] == b"\0\0\0\0"  # the gzip header's modification time
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not a digest", "a link"])
+def test_a_compressed_layer_record_that_is_damaged_or_a_link_is_not_used(tmp_path: Path, damage: str) -> None:
+    """Issue 58: a record names the blob a layer compressed to; one truncated, naming no digest,
+    or made a link (which could be pointed anywhere after a check) names nothing, and the layer is
+    compressed again."""
+    record = tmp_path / "record.json"
+    blob = recompress.Blob("sha256:" + "a" * 64, 10)
+    recompress._remember(19, "sha256:" + "b" * 64, blob, record)
+    assert recompress._remembered(19, "sha256:" + "b" * 64, record) == blob
+    if damage == "truncated":
+        record.write_text(record.read_text()[:20])
+    elif damage == "not a digest":
+        record.write_text(json.dumps({"digest": "sha256:../../x", "size": 10}))
+    else:
+        elsewhere = tmp_path / "elsewhere.json"
+        record.replace(elsewhere)
+        record.symlink_to(elsewhere)
+    assert recompress._remembered(19, "sha256:" + "b" * 64, record) is None
