@@ -15,7 +15,7 @@ import subprocess
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,6 +138,26 @@ class TokenIssuer:
             server.server_close()
 
 
+def _accept_and_relay(
+    listener: socket.socket,
+    target_port: int,
+    pump: Callable[[socket.socket, socket.socket, bool], None],
+    opened: set[socket.socket] | None = None,
+) -> None:
+    """Join each connection `listener` accepts to a new one to the target on loopback, through
+    `pump` each way (upstream True for what the client sends), until the listener closes."""
+    while True:
+        try:
+            client, _ = listener.accept()
+        except OSError:
+            return
+        upstream = socket.create_connection(("127.0.0.1", target_port))
+        if opened is not None:
+            opened |= {client, upstream}
+        threading.Thread(target=pump, args=(client, upstream, True), daemon=True).start()
+        threading.Thread(target=pump, args=(upstream, client, False), daemon=True).start()
+
+
 @dataclass
 class CuttingProxy:
     """A TCP proxy on loopback in front of a registry that cuts the first connection carrying
@@ -166,14 +186,7 @@ class CuttingProxy:
             end.close()
 
     def _serve(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self.target_port))
-            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+        _accept_and_relay(listener, self.target_port, self._pump)
 
     @contextmanager
     def serving(self) -> Iterator[str]:
@@ -244,15 +257,7 @@ class DyingProxy:
         threading.Thread(target=self._serve, args=(listener,), daemon=True).start()
 
     def _serve(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self.target_port))
-            self._open |= {client, upstream}
-            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+        _accept_and_relay(listener, self.target_port, self._pump, self._open)
 
     def wait_until_back(self) -> None:
         """Returns once the registry answers through the proxy again."""

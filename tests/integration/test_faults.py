@@ -146,38 +146,10 @@ def cache_for_the_wheels_alone(tmp_path: Path) -> Iterator[Path]:
         yield mount
 
 
-def test_a_build_whose_cache_disk_fills_up_ends_in_one_line_and_leaves_no_partial_file(
-    client: docker.DockerClient, small_cache: Path
-) -> None:
-    """A full disk (here the cache's, 96 MB, while the wheels are copied in) ends the build in one
-    line with status 2 and no traceback; no partial file stays in the cache and no tag moves. With
-    room made (the same filesystem grown), the same command builds."""
-    grid = matrix.load_matrix(REPO / "matrix.yaml")
-    reference = build.local_reference(grid, grid.cell(CELL))
-    tagged_before = _tagged(client, reference)
-    images_before, containers_before = _engine_state(client)
-    command = [sys.executable, "-m", "builder", "build", "--no-cache", "--no-smoke", CELL]
-    env = {**os.environ, "TORCH_IMAGES_CACHE": str(small_cache)}
-    full = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500, env=env)
-    said = (full.stdout + full.stderr).strip()
-    assert full.returncode == 2, said[-3000:]
-    assert "Traceback" not in said and said.splitlines()[-1].startswith("error: the disk is full"), said[-3000:]
-    partial = [str(p) for p in small_cache.rglob("*") if p.name.startswith((".part-", "tmp"))]
-    assert partial == [], partial
-    assert _tagged(client, reference) == tagged_before
-    assert _engine_state(client) == (images_before, containers_before)
-    subprocess.run(["mount", "-o", "remount,size=4g", str(small_cache)], check=True)
-    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500, env=env)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
-
-
-def test_a_canonical_pass_whose_cache_disk_fills_up_puts_the_tag_back_and_leaves_no_image_or_scrap(
-    client: docker.DockerClient, cache_for_the_wheels_alone: Path
-) -> None:
-    """The cache's disk fills while the canonical pass writes a layer: one line, status 2, the
-    cell's tag on what it named before, no raw image, step or scratch file left; with room
-    made, the same command builds."""
-    cache = cache_for_the_wheels_alone
+def _fills_then_builds_with_room(client: docker.DockerClient, cache: Path, reached: str = "") -> None:
+    """Build the CPU cell without cache on a cache filesystem too small for it: one line, status 2,
+    no `.part-` or scratch file in the cache, the engine and the tag as they were; with the
+    filesystem grown, the same command builds. `reached`: a line the build must have said first."""
     grid = matrix.load_matrix(REPO / "matrix.yaml")
     reference = build.local_reference(grid, grid.cell(CELL))
     tagged_before = _tagged(client, reference)
@@ -186,7 +158,7 @@ def test_a_canonical_pass_whose_cache_disk_fills_up_puts_the_tag_back_and_leaves
     env = {**os.environ, "TORCH_IMAGES_CACHE": str(cache)}
     full = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500, env=env)
     said = (full.stdout + full.stderr).strip()
-    assert "the canonical pass" in said, "the disk filled before the canonical pass: " + said[-3000:]
+    assert reached in said, f"the disk filled before {reached!r}: " + said[-3000:]
     assert full.returncode == 2, said[-3000:]
     assert "Traceback" not in said and said.splitlines()[-1].startswith("error: the disk is full"), said[-3000:]
     scrap = [str(p) for p in cache.rglob("*") if p.name.startswith((".part-", "tmp"))]
@@ -196,6 +168,24 @@ def test_a_canonical_pass_whose_cache_disk_fills_up_puts_the_tag_back_and_leaves
     subprocess.run(["mount", "-o", "remount,size=4g", str(cache)], check=True)
     again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500, env=env)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
+
+
+def test_a_build_whose_cache_disk_fills_up_ends_in_one_line_and_leaves_no_partial_file(
+    client: docker.DockerClient, small_cache: Path
+) -> None:
+    """A full disk (here the cache's, 96 MB, while the wheels are copied in) ends the build in one
+    line with status 2 and no traceback; no partial file stays in the cache and no tag moves. With
+    room made (the same filesystem grown), the same command builds."""
+    _fills_then_builds_with_room(client, small_cache)
+
+
+def test_a_canonical_pass_whose_cache_disk_fills_up_puts_the_tag_back_and_leaves_no_image_or_scrap(
+    client: docker.DockerClient, cache_for_the_wheels_alone: Path
+) -> None:
+    """The cache's disk fills while the canonical pass writes a layer: one line, status 2, the
+    cell's tag on what it named before, no raw image, step or scratch file left; with room
+    made, the same command builds."""
+    _fills_then_builds_with_room(client, cache_for_the_wheels_alone, reached="the canonical pass")
 
 
 def _stop_dockerd() -> None:

@@ -121,8 +121,24 @@ def test_a_publish_stopped_in_any_phase_leaves_no_alias_ahead_and_the_same_comma
     assert (checkout / "published" / f"{built.cell.name}.json").is_file()
 
 
-def _through_a_dying_proxy(registry: RunningRegistry, at: bytes) -> registry_fixtures.DyingProxy:
-    return registry_fixtures.DyingProxy(int(registry.host.rsplit(":", 1)[1]), at)
+def _cut_by_a_dying_registry(
+    registry: RunningRegistry, at: bytes, checkout: Path, verb: list[str], while_down: Callable[[Registry], None]
+) -> None:
+    """Run `publish VERB` through a proxy that dies at the request `at` matches: it ends after its
+    retries in one line, status 2; `while_down` checks what the registry holds then; once the
+    registry is back, the same command succeeds."""
+    proxy = registry_fixtures.DyingProxy(int(registry.host.rsplit(":", 1)[1]), at)
+    environment = _env(checkout.parent)
+    with proxy.serving() as host:
+        command = _builder(checkout, host, *verb)
+        cut = subprocess.run(command, cwd=checkout, capture_output=True, text=True, timeout=600, env=environment)
+        said = cut.stdout + cut.stderr
+        assert proxy.deaths == 1 and cut.returncode == 2 and "Traceback" not in said, said[-3000:]
+        assert "did not answer after" in _one_line(said), said[-2000:]
+        while_down(registry.api())
+        proxy.wait_until_back()
+        again = subprocess.run(command, cwd=checkout, capture_output=True, text=True, timeout=600, env=environment)
+        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
 
 
 def test_a_registry_that_dies_during_the_attachments_ends_the_publish_in_one_line_and_a_rerun_attaches(
@@ -136,19 +152,12 @@ def test_a_registry_that_dies_during_the_attachments_ends_the_publish_in_one_lin
     aliases unmoved; the same command then attaches what is missing and moves them."""
     registry = start_registry(seeded=True)
     checkout = _checkout(built, tmp_path)
-    proxy = _through_a_dying_proxy(registry, rb"^PUT /v2/torch/manifests/sha256")
-    with proxy.serving() as host:
-        command = _builder(checkout, host, "push", built.cell.name)
-        cut = subprocess.run(command, cwd=checkout, capture_output=True, text=True, timeout=600, env=_env(tmp_path))
-        said = cut.stdout + cut.stderr
-        assert proxy.deaths == 1, said[-3000:]
-        assert cut.returncode == 2 and "Traceback" not in said, said[-3000:]
-        assert "did not answer after" in _one_line(said), said[-2000:]
-        api = registry.api()
+
+    def aliases_unmoved(api: Registry) -> None:
         assert all(api.manifest("torch", alias) is None for alias in built.cell.aliases)
-        proxy.wait_until_back()
-        again = subprocess.run(command, cwd=checkout, capture_output=True, text=True, timeout=600, env=_env(tmp_path))
-        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
+
+    at = rb"^PUT /v2/torch/manifests/sha256"
+    _cut_by_a_dying_registry(registry, at, checkout, ["push", built.cell.name], aliases_unmoved)
     _finished(registry.api(), built)
 
 
@@ -167,20 +176,14 @@ def test_a_registry_that_dies_during_promote_moves_no_alias_ahead_and_the_same_p
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "no-docker-config"))
     grid = _grid_for(built, registry)
     [staged] = staging.stage(Publisher(registry.api(), grid, lambda _: None, built.client), [built.cell], "dies")
-    alias = built.cell.aliases[0]
-    proxy = _through_a_dying_proxy(registry, rb"^PUT /v2/torch/manifests/" + alias.encode())
-    with proxy.serving() as host:
-        command = _builder(checkout, host, "promote", "--run", "dies", built.cell.name)
-        cut = subprocess.run(command, cwd=checkout, capture_output=True, text=True, timeout=600, env=_env(tmp_path))
-        said = cut.stdout + cut.stderr
-        assert proxy.deaths == 1 and cut.returncode == 2 and "Traceback" not in said, said[-3000:]
-        assert "did not answer after" in _one_line(said), said[-2000:]
-        api = registry.api()
+
+    def tag_staged_and_no_alias_ahead(api: Registry) -> None:
         assert api.manifest("torch", built.cell.tag).digest == staged.digest  # type: ignore[union-attr]
         _no_alias_ahead(api, built)
-        proxy.wait_until_back()
-        again = subprocess.run(command, cwd=checkout, capture_output=True, text=True, timeout=600, env=_env(tmp_path))
-        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
+
+    at = rb"^PUT /v2/torch/manifests/" + built.cell.aliases[0].encode()
+    verb = ["promote", "--run", "dies", built.cell.name]
+    _cut_by_a_dying_registry(registry, at, checkout, verb, tag_staged_and_no_alias_ahead)
     assert _finished(registry.api(), built) == staged.digest
 
 
@@ -211,17 +214,11 @@ def test_a_registry_that_dies_during_prune_deletes_nothing_it_should_keep_and_th
         door.attach_report(subject, item.target, gpu, item.build_id, built.cell.tag)
     times_before = sorted(r["time"] for r in door.reports(item.digest))
     assert older["time"] in times_before and newer["time"] in times_before
-    proxy = _through_a_dying_proxy(registry, rb"^DELETE /v2/")
-    with proxy.serving() as host:
-        command = _builder(checkout, host, "prune", built.cell.name)
-        cut = subprocess.run(command, cwd=checkout, capture_output=True, text=True, timeout=600, env=_env(tmp_path))
-        said = cut.stdout + cut.stderr
-        assert proxy.deaths == 1 and cut.returncode == 2 and "Traceback" not in said, said[-3000:]
-        assert "did not answer after" in _one_line(said), said[-2000:]
+
+    def every_report_still_there(_: Registry) -> None:
         assert sorted(r["time"] for r in door.reports(item.digest)) == times_before  # the delete never arrived
-        proxy.wait_until_back()
-        again = subprocess.run(command, cwd=checkout, capture_output=True, text=True, timeout=600, env=_env(tmp_path))
-        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
+
+    _cut_by_a_dying_registry(registry, rb"^DELETE /v2/", checkout, ["prune", built.cell.name], every_report_still_there)
     times_after = [r["time"] for r in door.reports(item.digest)]
     assert newer["time"] in times_after and older["time"] not in times_after, times_after
     assert publish.ARTIFACT_TYPES["sbom"] in api.attached("torch", item.digest)
