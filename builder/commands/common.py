@@ -40,7 +40,8 @@ def grid_of(args: argparse.Namespace) -> matrix.Matrix:
 def progress(label: str) -> Iterator[Steps]:
     """Where a long job says how it goes: one line per step with the seconds since the job
     started, each phase folded in a CI log (builder/steps.py); on a terminal, also a spinner under
-    them naming the latest line (the lines stay, so a build's steps can be read back)."""
+    them naming the latest line (the lines stay, so a build's steps can be read back). A CI job
+    gets the folds and no spinner even where its output is a terminal (act runs steps on a pty)."""
 
     def raw(marker: str) -> None:  # a fold marker, written as it is (steps.py makes it printable)
         console.file.write(marker + "\n")
@@ -49,7 +50,8 @@ def progress(label: str) -> Iterator[Steps]:
     def line(text: str) -> None:
         console.print(text, highlight=False, soft_wrap=True)
 
-    if console.is_terminal:
+    style = fold_style()
+    if console.is_terminal and not style:
         with console.status(label) as status:
 
             def shown(text: str) -> None:
@@ -58,7 +60,7 @@ def progress(label: str) -> Iterator[Steps]:
 
             yield Steps(shown)
         return
-    steps = Steps(line, raw, fold_style())
+    steps = Steps(line, raw, style)
     steps(label)
     yield steps
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import re
 
 import pytest
 
+from builder.commands import common
 from builder.steps import Steps, fold_style
+from builder.terminal import SafeConsole
 
 
 class Clock:
@@ -97,3 +100,22 @@ def test_a_callers_own_sink_gets_each_line_as_written_and_its_steps_are_timed() 
     assert said == ["cpu: the base image", "cpu: bootstrapping"]
     assert set(phases) == {"base"} and phases["base"] >= 0
     assert Steps.of(steps) is steps
+
+
+@pytest.mark.parametrize(("environ", "folded"), [({"GITHUB_ACTIONS": "true"}, True), ({}, False)])
+def test_a_ci_job_on_a_terminal_gets_folds_and_no_spinner(
+    monkeypatch: pytest.MonkeyPatch, environ: dict[str, str], folded: bool
+) -> None:
+    """act runs a job's steps on a pseudo-terminal: the log still folds, and no spinner's escapes
+    fill it; a person's terminal gets the spinner and no fold markers."""
+    written = io.StringIO()
+    monkeypatch.setattr(common, "console", SafeConsole(file=written, force_terminal=True, width=120))
+    monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
+    monkeypatch.delenv("GITLAB_CI", raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    with common.progress("cpu: starting") as steps, steps.step("cpu: the base image"):
+        steps("cpu: a line")
+    text = written.getvalue()
+    assert ("::group::" in text and "::endgroup::" in text) == folded
+    assert ("\x1b[?25l" in text) != folded  # the spinner hides the cursor
