@@ -21,7 +21,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,23 +125,11 @@ def _keep_in_cache(rootfs: Path, tag: str) -> None:
     first, then its sha256, each renamed into place, so an interrupted write leaves a tar without
     a digest, which is never loaded."""
     cached = cached_rootfs(tag)
-    with _written_beside(cached) as partial:
+    with debfile.written_beside(cached) as partial:
         shutil.copyfile(rootfs, partial)
         digest = digests.sha256_file(partial)
-    with _written_beside(_rootfs_digest_file(cached)) as partial:
+    with debfile.written_beside(_rootfs_digest_file(cached)) as partial:
         partial.write_text(digest + "\n")
-
-
-@contextlib.contextmanager
-def _written_beside(target: Path) -> Iterator[Path]:
-    """A scratch file beside `target`, renamed onto it when the block ends, removed however the
-    block fails (a full disk, a signal): the cache keeps no `.part-` file."""
-    partial = debfile.partial_beside(target)
-    try:
-        yield partial
-        partial.replace(target)
-    finally:
-        partial.unlink(missing_ok=True)
 
 
 def checked_cached_rootfs(tag: str, report: Report = print) -> Path | None:

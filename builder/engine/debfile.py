@@ -5,6 +5,7 @@ runs, through the wheelhouse (builder/wheelhouse/tools.py), unpack the same way.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -12,6 +13,7 @@ import stat
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from builder import digests, downloads, paths
@@ -26,6 +28,19 @@ def partial_beside(cached: Path) -> Path:
         return Path(part.name)
 
 
+@contextlib.contextmanager
+def written_beside(target: Path) -> Iterator[Path]:
+    """A file of its own beside `target` (partial_beside) for the block to write, renamed onto
+    `target` when the block ends and removed however it fails (a full disk, a signal, a refusal):
+    the cache keeps no `.part-` file."""
+    partial = partial_beside(target)
+    try:
+        yield partial
+        partial.replace(target)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 # The most one pinned file may take: the largest pinned today is qemu-user's .deb, 71 MB. A
 # server that sends more is stopped there, not allowed to fill the disk.
 MAX_PINNED_BYTES = 256 << 20
@@ -38,8 +53,7 @@ def fetch(url: str, sha256: str, cached: Path, expected_by: str, unreachable: st
     fails. Nothing is left beside `cached` however it ends, an interruption (Ctrl-C) included."""
     if cached.is_file() and not cached.is_symlink() and digests.sha256_file(cached) == sha256:
         return cached
-    partial = partial_beside(cached)
-    try:
+    with written_beside(cached) as partial:
         try:
             downloads.download(url, partial, timeout=60, most=MAX_PINNED_BYTES)
         except OSError as error:
@@ -47,9 +61,6 @@ def fetch(url: str, sha256: str, cached: Path, expected_by: str, unreachable: st
         actual = digests.sha256_file(partial)
         if actual != sha256:
             raise UserError(f"{url} has sha256 {actual}; {expected_by} {sha256}")
-        partial.replace(cached)
-    finally:
-        partial.unlink(missing_ok=True)
     return cached
 
 

@@ -532,10 +532,13 @@ def finish(publisher: Publisher, items: list[Publication], records: Records | No
 
 
 def _recorded_digest(path: Path) -> object:
-    """The digest a publish record names; None where there is no record, or not one."""
+    """The digest a publish record names; None where there is no record, or not one (read as
+    update_readme_table reads records: at most 1 MiB, through jsonread's bounds)."""
+    if not path.is_file() or path.is_symlink():
+        return None
     try:
-        record = json.loads(path.read_text()) if path.is_file() and not path.is_symlink() else None
-    except (OSError, ValueError):
+        record = jsonread.loads(path.read_bytes()[: 1 << 20], str(path))
+    except (OSError, UserError):
         return None
     return record.get("digest") if isinstance(record, dict) else None
 
